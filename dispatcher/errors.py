@@ -1,0 +1,56 @@
+"""The dispatcher's error tree.
+
+Branches are named for what the caller does next, not for the layer that failed::
+
+    DispatcherError
+      InvalidEvent            bad input at intake; names the field; never retried
+      ConfigurationError      a setting is missing or wrong; names the key; fails start-up
+      ApiError                (dispatcher.api.errors) a workspace API call went wrong
+        NotSent               the request never left: safe to retry
+        OutcomeUnknown        it may have taken effect: check before any resend
+        ApiStatusError        the service answered with an error status
+          RateLimited, ServerError, AccessDenied, NotFound, Rejected
+        UnexpectedResponse    a body we cannot read
+      WebhookRejected         a webhook delivery was refused; ``reason`` says why
+      StateConflict           a compare-and-set lost the race
+
+Messages carry operation names, statuses, keys and our own IDs: never message content,
+phone numbers, e-mail addresses, tokens or response bodies.
+"""
+
+from __future__ import annotations
+
+
+class DispatcherError(Exception):
+    """Root of every error the dispatcher raises on purpose."""
+
+
+class InvalidEvent(DispatcherError):
+    """A notification request was refused at intake; nothing was stored or sent."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class ConfigurationError(DispatcherError):
+    """A setting is missing or invalid. ``key`` is the environment variable or TOML key."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{key}: {problem}")
+
+
+class WebhookRejected(DispatcherError):
+    """A webhook delivery failed verification; ``reason`` is a short, body-free code."""
+
+    def __init__(self, reason: str, *, status_code: int = 401) -> None:
+        self.reason = reason
+        self.status_code = status_code
+        super().__init__(f"webhook rejected: {reason}")
+
+
+class StateConflict(DispatcherError):
+    """A compare-and-set found the row in another state than expected: someone else moved it."""
