@@ -1,0 +1,257 @@
+"""The dispatcher's one settings object, and the only reader of the environment.
+
+Values come, highest priority first, from keyword arguments, ``DISPATCHER_*`` environment
+variables, the TOML file named by ``DISPATCHER_CONFIG``, then the defaults below.
+``config/dispatcher.example.toml`` documents every key.
+
+A wrong or missing value fails at start-up with :class:`~dispatcher.errors.ConfigurationError`
+naming the key; the message never repeats the offending value, because that value may be the
+API token or a webhook secret.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from dispatcher.errors import ConfigurationError
+
+ENV_PREFIX = "DISPATCHER_"
+CONFIG_FILE_VARIABLE = "DISPATCHER_CONFIG"
+DEFAULT_DATABASE_URL = "sqlite:///var/dispatcher.sqlite"
+DEFAULT_BROKER_URL = "sqla+sqlite:///var/broker.sqlite"
+
+_HEADER_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class ChannelKind(StrEnum):
+    """What a route's inbox is, which decides what may be sent through it (contract rules 2-5)."""
+
+    MESSAGING_PLATFORM = "messaging_platform"  # business-messaging platform: templates outside the window
+    WEB_SESSION = "web_session"  # low volume, expected and consented sends only
+    SMS = "sms"
+    EMAIL = "email"
+    OTHER = "other"  # another provisioned channel (customer rooms, API inboxes)
+
+
+class Route(BaseModel):
+    """A named way to reach a contact: one inbox, its channel kind, and an optional fallback route."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inbox_id: int | None = Field(default=None, gt=0)
+    inbox_name: str | None = Field(default=None, min_length=1)
+    channel: ChannelKind
+    fallback: str | None = None
+    template_required: bool = False  # force an approved template even inside the service window
+    delivery_deadline_s: float = Field(default=900.0, gt=0)  # not delivered by then: decide on fallback
+    max_per_minute: int | None = Field(default=None, gt=0)  # required for web_session routes
+
+    @model_validator(mode="after")
+    def _one_inbox_selector(self) -> Route:
+        if (self.inbox_id is None) == (self.inbox_name is None):
+            raise ValueError("give exactly one of inbox_id or inbox_name")
+        if self.channel is ChannelKind.WEB_SESSION and self.max_per_minute is None:
+            raise ValueError("a web_session route needs max_per_minute (low volume only)")
+        return self
+
+    @property
+    def needs_template_outside_window(self) -> bool:
+        """Free text is refused outside the customer-service window on the platform (131047)."""
+        return self.channel is ChannelKind.MESSAGING_PLATFORM
+
+
+class Template(BaseModel):
+    """An approved template, as registered with the platform owner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    language: str = Field(min_length=2)
+    category: Literal["UTILITY", "MARKETING", "AUTHENTICATION"]
+    body_params: int = Field(ge=0, le=100)
+
+
+SecretList = Annotated[list[SecretStr], NoDecode]
+
+
+class Settings(BaseSettings):
+    """Everything the dispatcher reads from its environment. Secrets are ``SecretStr``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        hide_input_in_errors=True,
+    )
+
+    # The workspace API.
+    api_url: str
+    account_id: int = Field(gt=0)
+    api_token: SecretStr
+
+    # Storage and queues.
+    # Hidden from repr: a URL may carry a password.
+    database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
+    broker_url: str = Field(default=DEFAULT_BROKER_URL, repr=False)
+
+    # Webhooks.
+    webhook_secrets: SecretList = Field(default_factory=list)
+    webhook_header_prefix: str = "Service"
+    webhook_replay_window_s: int = Field(default=300, gt=0, le=3600)
+    webhook_max_body_bytes: int = Field(default=1_048_576, gt=0)
+    webhook_path: str = "/webhooks/messaging"
+
+    # HTTP to the workspace API. Reads and writes get the same budget: the real service
+    # gives up on its own side well before 30 s.
+    http_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    http_read_timeout_s: float = Field(default=15.0, gt=0, le=300)
+    http_write_timeout_s: float = Field(default=15.0, gt=0, le=300)
+    http_pool_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    http_max_connections: int = Field(default=20, gt=0, le=1000)
+
+    # Routes and the template registry.
+    routes: dict[str, Route] = Field(default_factory=dict)
+    templates: list[Template] = Field(default_factory=list)
+
+    @field_validator("api_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
+            raise ValueError("must be an http(s) base URL without query or fragment")
+        if value.endswith("/api/v1") or "/api/v1/" in value:
+            raise ValueError("give the base URL without /api/v1; the client adds the API path")
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_present(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _split_secrets(cls, value: Any) -> Any:
+        # Several secrets allow rotation: DISPATCHER_WEBHOOK_SECRETS="new,old".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("webhook_header_prefix")
+    @classmethod
+    def _header_prefix(cls, value: str) -> str:
+        if not _HEADER_PREFIX.match(value):
+            raise ValueError("must be a header word such as Service or Chatwoot")
+        return value
+
+    @field_validator("webhook_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or "?" in value:
+            raise ValueError("must be an absolute path without a query, e.g. /webhooks/messaging")
+        return value
+
+    @model_validator(mode="after")
+    def _routes_and_templates_agree(self) -> Settings:
+        for name, route in self.routes.items():
+            if not _NAME.match(name):
+                raise ValueError(f"routes.{name}: a route name is lower-case letters, digits, _ . -")
+            if route.fallback is not None:
+                if route.fallback == name:
+                    raise ValueError(f"routes.{name}.fallback: a route cannot fall back to itself")
+                if route.fallback not in self.routes:
+                    raise ValueError(f"routes.{name}.fallback: no route named {route.fallback!r}")
+        seen: set[tuple[str, str]] = set()
+        for template in self.templates:
+            key = (template.name, template.language)
+            if key in seen:
+                raise ValueError(f"templates: {template.name!r} in {template.language!r} is listed twice")
+            seen.add(key)
+        return self
+
+    def template(self, name: str, language: str) -> Template | None:
+        """The registered template with that name and language, or None."""
+        for template in self.templates:
+            if template.name == name and template.language == language:
+                return template
+        return None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_path = os.environ.get(CONFIG_FILE_VARIABLE)
+        if config_path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_path)))
+        return tuple(sources)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and check the settings; raise ConfigurationError naming the first bad key."""
+    config_path = os.environ.get(CONFIG_FILE_VARIABLE)
+    if config_path:
+        _check_config_file(Path(config_path))
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise _configuration_error(error) from None
+
+
+def _check_config_file(path: Path) -> None:
+    if not path.is_file():
+        raise ConfigurationError(CONFIG_FILE_VARIABLE, f"no such file: {path}")
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigurationError(CONFIG_FILE_VARIABLE, f"{path} is not valid TOML: {error}") from None
+
+
+def _configuration_error(error: ValidationError) -> ConfigurationError:
+    """Name the key of every problem, and never echo a value (it may be a secret)."""
+    named = [_name_problem(problem) for problem in error.errors(include_input=False, include_url=False)]
+    key, message = named[0]
+    others = "; ".join(f"{other_key}: {other}" for other_key, other in named[1:])
+    return ConfigurationError(key, f"{message}; {others}" if others else message)
+
+
+def _name_problem(problem: Any) -> tuple[str, str]:
+    location = [str(part) for part in problem["loc"]]
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if problem["type"] == "missing":
+        message = "is required but not set"
+    if not location:  # a model-level check: its message starts with the key it names
+        key, _, rest = message.partition(": ")
+        return key, rest or message
+    if len(location) == 1:
+        return f"{ENV_PREFIX}{location[0].upper()} ({location[0]})", message
+    return ".".join(location), message

@@ -1,0 +1,39 @@
+# Sourced by scripts/test: make sure PostgreSQL and Redis answer on loopback, starting them if not.
+# The start commands are this machine kind's own (Debian packages, no systemd).
+
+answers() { # host port
+  timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+
+wait_for() { # name port
+  for _ in $(seq 1 60); do
+    answers 127.0.0.1 "$2" && return 0
+    sleep 0.5
+  done
+  echo "$1 does not answer on 127.0.0.1:$2 after 30 s" >&2
+  return 1
+}
+
+ensure_postgres() {
+  answers 127.0.0.1 5432 && return 0
+  echo "PostgreSQL is not answering on 127.0.0.1:5432: starting it" >&2
+  if ! command -v pg_ctlcluster >/dev/null; then
+    echo "PostgreSQL is not installed (apt-get install postgresql)" >&2
+    return 1
+  fi
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
+  wait_for PostgreSQL 5432
+}
+
+ensure_redis() {
+  answers 127.0.0.1 6379 && return 0
+  echo "Redis is not answering on 127.0.0.1:6379: starting it" >&2
+  if ! command -v redis-server >/dev/null; then
+    echo "Redis is not installed (apt-get install redis-server)" >&2
+    return 1
+  fi
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for Redis 6379
+}

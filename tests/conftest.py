@@ -1,0 +1,63 @@
+"""Fixtures shared by every test folder.
+
+Real services are not optional: when PostgreSQL or Redis does not answer, the tests that need
+them fail (they are never skipped), as `scripts/test` starts both before pytest runs.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+
+
+@pytest.fixture()
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No DISPATCHER_* variable from the outer shell may leak into a test."""
+    for name in list(os.environ):
+        if name.startswith("DISPATCHER_") and not name.startswith("DISPATCHER_TEST_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    import sqlalchemy as sa
+
+    admin_url = os.environ.get(
+        "DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    )
+    name = f"dispatcher_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as error:
+        pytest.fail(f"PostgreSQL does not answer at the test URL (run the tests with scripts/test): {error}")
+    url = sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis server the tests use; fails the test when it does not answer."""
+    import redis
+
+    url = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+    try:
+        redis.Redis.from_url(url, socket_timeout=2).ping()
+    except redis.RedisError as error:
+        pytest.fail(f"Redis does not answer at {url} (run the tests with scripts/test): {error}")
+    return url
