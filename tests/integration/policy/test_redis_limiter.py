@@ -1,0 +1,182 @@
+"""RedisLimiter against the real Redis on loopback: the same rules as LocalLimiter, and the
+guarantee that matters: processes sharing one limit never exceed it, and a pause is global.
+
+Each test uses its own key prefix and deletes its keys afterwards.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from dispatcher.policy.ratelimit import WINDOW_S, Limit, RedisLimiter, acquire_all, route_bucket
+
+pytestmark = pytest.mark.integration
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture()
+def prefix(client: redis.Redis) -> Iterator[str]:
+    key_prefix = f"dispatcher-test:rl:{uuid.uuid4().hex}:"
+    yield key_prefix
+    keys = list(client.scan_iter(match=key_prefix + "*"))
+    if keys:
+        client.delete(*keys)
+
+
+def test_grants_exactly_n_then_says_when(client: redis.Redis, prefix: str) -> None:
+    # given a limit of 5 a minute and an injected clock
+    clock = FakeClock()
+    limiter = RedisLimiter(client, {"account": Limit(5)}, key_prefix=prefix, clock=clock)
+    # when five are taken 2 s apart and a sixth is asked for
+    grants = []
+    for _ in range(5):
+        grants.append(limiter.acquire("account"))
+        clock.now += 2.0
+    wait_s = limiter.acquire("account")
+    # then five were granted and the sixth waits for the first to leave the window
+    assert grants == [0.0] * 5
+    assert wait_s == pytest.approx(WINDOW_S - 10.0, abs=0.002)
+    clock.now += wait_s
+    assert limiter.acquire("account") == 0.0
+    assert limiter.acquire("account") > 0
+
+
+def test_keys_expire_by_themselves(client: redis.Redis, prefix: str) -> None:
+    # given a grant and a pause
+    limiter = RedisLimiter(client, {"search": Limit(3)}, key_prefix=prefix)
+    limiter.acquire("search")
+    limiter.pause(2.0)
+    # then both keys carry a TTL: a bucket lives a window, the pause a little past its end
+    assert 0 < client.pttl(limiter.key("search")) <= WINDOW_S * 1000
+    assert 2000 <= client.pttl(limiter.key()) <= 3000
+    assert set(client.scan_iter(match=prefix + "*")) == {limiter.key("search").encode(),
+                                                         limiter.key().encode()}
+
+
+def test_several_buckets_are_all_or_nothing(client: redis.Redis, prefix: str) -> None:
+    # given a route capped at 1 a minute and an account bucket with room
+    route = route_bucket("web")
+    limiter = RedisLimiter(client, {"account": Limit(3), route: Limit(1)}, key_prefix=prefix,
+                           clock=FakeClock())
+    assert acquire_all(limiter, ["account", route]) == 0.0
+    # when both are asked for again and the route refuses
+    for _ in range(4):
+        assert acquire_all(limiter, ["account", route]) == pytest.approx(WINDOW_S)
+    # then the account bucket lost nothing: two slots remain, then a refusal
+    assert [limiter.acquire("account") for _ in range(3)][:2] == [0.0, 0.0]
+    assert client.zcard(limiter.key("account")) == 3 and client.zcard(limiter.key(route)) == 1
+
+
+def test_pause_refuses_everything_until_it_ends(client: redis.Redis, prefix: str) -> None:
+    # given a limiter with room
+    clock = FakeClock()
+    limiter = RedisLimiter(client, {"account": Limit(100)}, key_prefix=prefix, clock=clock)
+    # when a 429 pauses it for 30 s, and a later one asks for only 5 s
+    limiter.pause(30.0)
+    limiter.pause(5.0)
+    # then every acquire, even of no bucket, waits out the 30 s
+    assert limiter.paused_for() == pytest.approx(30.0)
+    assert limiter.acquire("account") == pytest.approx(30.0)
+    clock.now += 25.0
+    assert acquire_all(limiter, []) == pytest.approx(5.0)
+    # and afterwards it grants again, the refusals having consumed nothing
+    clock.now += 5.0
+    assert limiter.paused_for() == 0.0 and limiter.acquire("account") == 0.0
+    assert client.zcard(limiter.key("account")) == 1
+
+
+def test_an_unknown_bucket_is_refused_before_redis(client: redis.Redis, prefix: str) -> None:
+    # given limits for account only; when a typo is asked for; then ValueError, no key written
+    limiter = RedisLimiter(client, {"account": Limit(1)}, key_prefix=prefix)
+    with pytest.raises(ValueError):
+        limiter.acquire("serach")
+    assert list(client.scan_iter(match=prefix + "*")) == []
+
+
+# --- several processes -------------------------------------------------------------------------
+
+LIMIT = 50
+PROCESSES = 4
+TRIES_EACH = 100
+
+
+def _take(redis_url: str, key_prefix: str, tries: int, start: float) -> tuple[int, int]:
+    """In a child: wait for the common start time, try ``tries`` times; (pid, grants)."""
+    import time
+
+    connection = redis.Redis.from_url(redis_url, socket_timeout=5)
+    limiter = RedisLimiter(connection, {"account": Limit(LIMIT), "search": Limit(LIMIT)},
+                           key_prefix=key_prefix)
+    time.sleep(max(0.0, start - time.time()))
+    granted = sum(1 for _ in range(tries) if acquire_all(limiter, ["account", "search"]) == 0.0)
+    connection.close()
+    return os.getpid(), granted
+
+
+def _pause(redis_url: str, key_prefix: str, seconds: float) -> tuple[int, float]:
+    connection = redis.Redis.from_url(redis_url, socket_timeout=5)
+    limiter = RedisLimiter(connection, {"account": Limit(LIMIT)}, key_prefix=key_prefix)
+    limiter.pause(seconds)
+    return os.getpid(), limiter.paused_for()
+
+
+def _observe(redis_url: str, key_prefix: str) -> tuple[int, float, float]:
+    connection = redis.Redis.from_url(redis_url, socket_timeout=5)
+    limiter = RedisLimiter(connection, {"account": Limit(LIMIT)}, key_prefix=key_prefix)
+    return os.getpid(), limiter.paused_for(), limiter.acquire("account")
+
+
+@pytest.mark.timeout(120)
+def test_processes_sharing_a_limit_never_exceed_it(client: redis.Redis, redis_url: str,
+                                                   prefix: str) -> None:
+    # given 4 processes x 100 tries on two buckets limited to 50 a minute, started together
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(PROCESSES) as pool:
+        start = time.time() + 3.0  # room for the spawned children to import
+        pending = pool.starmap_async(_take, [(redis_url, prefix, TRIES_EACH, start)] * PROCESSES)
+        # when they race
+        results = pending.get(timeout=90)
+    elapsed_s = time.time() - start
+    # then exactly the limit was granted in total within the window, in both buckets alike
+    assert elapsed_s < WINDOW_S, "the run outlived the window: the count proves nothing"
+    assert len({pid for pid, _ in results} | {os.getpid()}) == PROCESSES + 1
+    assert sum(granted for _, granted in results) == LIMIT, results
+    assert client.zcard(prefix + "bucket:account") == LIMIT
+    assert client.zcard(prefix + "bucket:search") == LIMIT
+
+
+@pytest.mark.timeout(120)
+def test_a_pause_set_by_one_process_is_seen_by_another(redis_url: str, prefix: str) -> None:
+    # given two separate processes on the same prefix
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as first, context.Pool(1) as second:
+        # when one pauses for 30 s
+        pauser, set_for_s = first.apply_async(_pause, (redis_url, prefix, 30.0)).get(timeout=60)
+        # then the other sees the pause and is refused for about that long
+        observer, seen_for_s, wait_s = second.apply_async(_observe, (redis_url, prefix)).get(timeout=60)
+    assert len({pauser, observer, os.getpid()}) == 3
+    assert 29.0 < set_for_s <= 30.0
+    assert 0 < seen_for_s <= set_for_s and 0 < wait_s <= set_for_s
+    assert seen_for_s > 20.0 and wait_s > 20.0
