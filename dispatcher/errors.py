@@ -54,3 +54,18 @@ class WebhookRejected(DispatcherError):
 
 class StateConflict(DispatcherError):
     """A compare-and-set found the row in another state than expected: someone else moved it."""
+
+
+class EventConflict(InvalidEvent):
+    """The event ID was handed over before with a different request; nothing new is stored."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__("event_id", f"{event_id!r} was handed over before with a different request")
+
+
+class UnknownNotification(DispatcherError):
+    """No notification is stored under that event ID."""
+
+    def __init__(self, event_id: str) -> None:
+        self.event_id = event_id
+        super().__init__(f"no notification with event_id {event_id!r}")

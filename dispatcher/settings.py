@@ -132,6 +132,18 @@ class Settings(BaseSettings):
     http_pool_timeout_s: float = Field(default=5.0, gt=0, le=120)
     http_max_connections: int = Field(default=20, gt=0, le=1000)
 
+    # Sending: shared rate limits, retries, and how long a createMessage call may hold an attempt.
+    redis_url: str | None = Field(default=None, repr=False)  # shared limiter; default: the broker when it is Redis
+    api_requests_per_minute: int = Field(default=2400, gt=0)  # the service allows 3,000 per client address
+    contact_searches_per_minute: int = Field(default=90, gt=0)  # the service allows 100 per account
+    retry_max_tries: int = Field(default=12, gt=0, le=100)
+    retry_base_s: float = Field(default=1.0, gt=0)
+    retry_cap_s: float = Field(default=60.0, gt=0)
+    retry_max_countdown_s: float = Field(default=120.0, gt=0)  # longer waits become a due time for the sweep
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    stale_after_s: float = Field(default=300.0, gt=0)  # a sendable row no task touched this long is queued again
+    broker_visibility_timeout_s: int = Field(default=3600, gt=0)  # Redis broker: unacked tasks come back after this
+
     # Routes and the template registry.
     routes: dict[str, Route] = Field(default_factory=dict)
     templates: list[Template] = Field(default_factory=list)
@@ -192,6 +204,19 @@ class Settings(BaseSettings):
                 raise ValueError(f"templates: {template.name!r} in {template.language!r} is listed twice")
             seen.add(key)
         return self
+
+    @property
+    def limiter_redis_url(self) -> str | None:
+        """Where the shared rate limiter lives: redis_url, else a Redis broker, else nowhere."""
+        if self.redis_url:
+            return self.redis_url
+        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else None
+
+    @property
+    def send_lease_s(self) -> float:
+        """How long a createMessage call may hold its attempt: longer than the whole HTTP budget."""
+        budget = self.http_connect_timeout_s + self.http_write_timeout_s + self.http_read_timeout_s
+        return 2 * (budget + self.http_pool_timeout_s)
 
     def template(self, name: str, language: str) -> Template | None:
         """The registered template with that name and language, or None."""

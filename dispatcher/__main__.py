@@ -1,0 +1,5 @@
+"""``python -m dispatcher`` is the ``dispatcher`` command."""
+
+from dispatcher.cli import main
+
+main()

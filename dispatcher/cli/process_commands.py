@@ -1,0 +1,81 @@
+"""Commands that become a long-running process of another package.
+
+They hand over with ``exec`` and name the other package by module path only: the sandbox is
+the other side of the contract and shares no code with the dispatcher, so nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from dispatcher.queues import MAINTENANCE_QUEUE, SEND_QUEUE
+
+
+@click.command("sandbox")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Sandbox seed and behaviour file (TOML); default: the seed shipped with the sandbox.",
+)
+def sandbox_command(host: str, port: int, config_path: Path | None) -> None:
+    """Run the sandbox: a local double of the messaging workspace.
+
+    It serves the whole contract under /api/v1/accounts/{account_id}, delivers signed
+    webhooks, injects faults on request, and shows what it holds under /_sandbox/.
+
+    \b
+    Examples:
+      dispatcher sandbox --port 3000
+      dispatcher sandbox --host 127.0.0.1 --port 3001 --config my-seed.toml
+    """
+    arguments = [sys.executable, "-m", "sandbox", "--host", host, "--port", str(port)]
+    if config_path is not None:
+        arguments += ["--config", str(config_path)]
+    os.execv(sys.executable, arguments)
+
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+def _exec_celery(arguments: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-m", "celery", "-A", "workers.app", *arguments])
+
+
+@click.command("worker", context_settings=_PASS_THROUGH)
+@click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=2, show_default=True, help="Processes.")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.pass_context
+def worker_command(ctx: click.Context, concurrency: int, loglevel: str) -> None:
+    """Run send workers: the send and maintenance queues (Celery prefork).
+
+    Further options go to `celery worker` as they are.
+
+    \b
+    Examples:
+      dispatcher worker
+      dispatcher worker --concurrency 4 --hostname send1@%h
+    """
+    _exec_celery(
+        ["worker", "--queues", f"{SEND_QUEUE},{MAINTENANCE_QUEUE}", "--concurrency", str(concurrency),
+         "--loglevel", loglevel, *ctx.args]
+    )
+
+
+@click.command("beat", context_settings=_PASS_THROUGH)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.pass_context
+def beat_command(ctx: click.Context, loglevel: str) -> None:
+    """Run the periodic tasks (the sweep that relays the outbox and picks up due rows). Run one.
+
+    \b
+    Example:
+      dispatcher beat --schedule var/beat-schedule
+    """
+    _exec_celery(["beat", "--loglevel", loglevel, *ctx.args])
