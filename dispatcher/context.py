@@ -1,0 +1,98 @@
+"""What the send path needs from its process: settings, store, API client, limiter, caches.
+
+Built once per worker process by ``workers/`` (or by a test, with fakes) and handed to
+:func:`dispatcher.send.send_notification`; nothing here knows about Celery.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher.api import Inbox, WorkspaceClient
+from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
+from dispatcher.policy.retry import RetryPlan
+from dispatcher.routes import find_route_inbox
+from dispatcher.settings import Route, Settings
+from dispatcher.models import utcnow
+
+ACCOUNT_BUCKET = "account"
+SEARCH_BUCKET = "search"
+INBOX_CACHE_TTL_S = 300.0
+INBOX_REFRESH_MIN_GAP_S = 5.0  # a route whose inbox is missing must not turn into a listInboxes storm
+
+
+class InboxDirectory:
+    """The account's inboxes, listed once and reused; listed again on a miss (at most every 5 s)."""
+
+    def __init__(self, list_inboxes: Callable[[], list[Inbox]], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._list_inboxes = list_inboxes
+        self._clock = clock
+        self._inboxes: list[Inbox] = []
+        self._listed_at: float | None = None
+        self._lock = threading.Lock()
+
+    def resolve(self, route: Route) -> Inbox | None:
+        with self._lock:
+            now = self._clock()
+            if self._listed_at is None or now - self._listed_at > INBOX_CACHE_TTL_S:
+                self._refresh(now)
+            inbox = find_route_inbox(route, self._inboxes)
+            if inbox is None and now - (self._listed_at or 0.0) >= INBOX_REFRESH_MIN_GAP_S:
+                self._refresh(now)
+                inbox = find_route_inbox(route, self._inboxes)
+            return inbox
+
+    def _refresh(self, now: float) -> None:
+        self._inboxes = self._list_inboxes()
+        self._listed_at = now
+
+
+@dataclass
+class SendContext:
+    settings: Settings
+    api: WorkspaceClient
+    sessions: sessionmaker[Session]
+    limiter: Limiter
+    inboxes: InboxDirectory
+    plan: RetryPlan
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], datetime] = utcnow
+    sleep: Callable[[float], None] = time.sleep
+    max_inline_wait_s: float = 2.0  # a shorter limiter wait is slept through; a longer one retries the task
+
+
+def limits_of(settings: Settings) -> dict[str, Limit]:
+    limits = {
+        ACCOUNT_BUCKET: Limit(per_minute=settings.api_requests_per_minute),
+        SEARCH_BUCKET: Limit(per_minute=settings.contact_searches_per_minute),
+    }
+    for name, route in settings.routes.items():
+        if route.max_per_minute is not None:
+            limits[route_bucket(name)] = Limit(per_minute=route.max_per_minute)
+    return limits
+
+
+def make_limiter(settings: Settings) -> Limiter:
+    """Shared through Redis when there is one; per process in the embedded setup."""
+    redis_url = settings.limiter_redis_url
+    if redis_url is None:
+        return LocalLimiter(limits_of(settings))
+    import redis
+
+    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{settings.account_id}:")
+
+
+def retry_plan_of(settings: Settings) -> RetryPlan:
+    return RetryPlan(
+        max_tries=settings.retry_max_tries,
+        base_s=settings.retry_base_s,
+        cap_s=settings.retry_cap_s,
+        max_countdown_s=settings.retry_max_countdown_s,
+    )

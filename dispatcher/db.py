@@ -1,0 +1,63 @@
+"""Engines and sessions for the dispatcher's store, SQLite (embedded) or PostgreSQL (production)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000  # several worker processes share one file: wait for the lock, don't fail
+
+
+def make_engine(database_url: str, **options: Any) -> Engine:
+    """An engine with the settings each backend needs for several processes writing at once."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **options)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
+        return engine
+    return create_engine(url, pool_pre_ping=True, **options)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    # WAL lets readers run beside the one writer; foreign keys are off by default in SQLite.
+    connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (see _sqlite_begin_immediate)
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin_immediate(connection: Any) -> None:
+    # Take the write lock at BEGIN: a read-then-write transaction that upgrades later can fail
+    # with "database is locked" without waiting; BEGIN IMMEDIATE waits for busy_timeout instead.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+_engines: dict[str, Engine] = {}
+
+
+def shared_engine(database_url: str) -> Engine:
+    """One engine per URL per process; after a fork, call :func:`dispose_after_fork`."""
+    engine = _engines.get(database_url)
+    if engine is None:
+        engine = _engines[database_url] = make_engine(database_url)
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def dispose_after_fork() -> None:
+    """Forget pooled connections inherited from a parent process (Celery prefork children)."""
+    for engine in _engines.values():
+        engine.dispose(close=False)

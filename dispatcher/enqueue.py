@@ -1,0 +1,63 @@
+"""Hand notification IDs to the send queue. IDs only: content never travels through the broker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+from celery import Celery
+
+from dispatcher.queues import SEND_QUEUE, SEND_TASK, broker_transport_options
+
+log = logging.getLogger(__name__)
+
+
+class Enqueuer(Protocol):
+    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+        """Publish send tasks; return the IDs that reached the broker."""
+        ...
+
+
+class CeleryEnqueuer:
+    """Publishes by task name, so the host process needs no worker code."""
+
+    def __init__(self, broker_url: str) -> None:
+        self._app = Celery("dispatcher-producer", broker=broker_url, set_as_current=False)
+        self._app.conf.broker_transport_options = broker_transport_options(broker_url)
+        self._app.conf.broker_connection_retry_on_startup = False
+        self._app.conf.task_serializer = "json"
+
+    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+        published = []
+        for notification_id in notification_ids:
+            try:
+                self._app.send_task(
+                    SEND_TASK,
+                    args=[notification_id],
+                    queue=SEND_QUEUE,
+                    argsrepr=f"(notification={notification_id})",
+                    kwargsrepr="{}",
+                    retry=True,
+                    retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+                )
+            except Exception as error:  # the broker is down: the sweep publishes the row later
+                log.warning("could not enqueue notification %s (%s); the sweep will", notification_id, type(error).__name__)
+                continue
+            published.append(notification_id)
+        return published
+
+    def close(self) -> None:
+        self._app.close()
+
+
+class ListEnqueuer:
+    """Keeps the IDs in a list: for tests and for callers that publish themselves."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+        ids = list(notification_ids)
+        self.sent.extend(ids)
+        return ids

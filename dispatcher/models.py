@@ -1,0 +1,183 @@
+"""The dispatcher's tables (SQLAlchemy 2). Migrations live in ``dispatcher/migrations``.
+
+What is kept follows the contract's recommended per-send values: the business-event ID, the
+message ID, the conversation display ID, the sender inbox and channel, the acceptance time, the
+latest delivery state, any terminal error and the single fallback decision. Message content and
+contact details are held in :class:`Payload` only while a send may still need them, and the row
+is deleted as soon as no further send can happen.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on SQLite as on PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: the dispatcher stores aware UTC times only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Notification(Base):
+    """One business event, sent at most once per route: the host's view of it."""
+
+    __tablename__ = "notifications"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(200), unique=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))  # sha256 of the request: same event, same request?
+    route: Mapped[str] = mapped_column(String(64))
+    fallback_route: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    send_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    next_try_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # a long retry wait
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    # The current attempt's values, copied up so a status read is one row.
+    channel: Mapped[str | None] = mapped_column(String(20))
+    inbox_id: Mapped[int | None] = mapped_column(BigInteger)
+    message_id: Mapped[int | None] = mapped_column(BigInteger)
+    conversation_id: Mapped[int | None] = mapped_column(BigInteger)
+    accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    delivery_state: Mapped[str | None] = mapped_column(String(20))
+    error_kind: Mapped[str | None] = mapped_column(String(40))
+    error_detail: Mapped[str | None] = mapped_column(String(200))
+    # The single fallback decision: written once, by compare-and-set on fallback_decision IS NULL.
+    fallback_decision: Mapped[str | None] = mapped_column(String(10))
+    fallback_reason: Mapped[str | None] = mapped_column(String(200))
+    fallback_decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Attempt(Base):
+    """One try through one route: number 1 is the first send, number 2 the single fallback."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("notification_id", "number"),)
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(SmallInteger)
+    route: Mapped[str] = mapped_column(String(64))
+    channel: Mapped[str] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    inbox_id: Mapped[int | None] = mapped_column(BigInteger)
+    contact_id: Mapped[int | None] = mapped_column(BigInteger)
+    conversation_id: Mapped[int | None] = mapped_column(BigInteger)
+    message_id: Mapped[int | None] = mapped_column(BigInteger, unique=True)
+    content_hash: Mapped[str | None] = mapped_column(String(64))  # to recognise our message; cleared on acceptance
+    tries: Mapped[int] = mapped_column(Integer, default=0)  # counted when a send starts, so crash loops end
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    in_flight_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error_kind: Mapped[str | None] = mapped_column(String(40))
+    error_detail: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Payload(Base):
+    """What a send still needs (content, contact details, template parameters); deleted when done."""
+
+    __tablename__ = "payloads"
+
+    notification_id: Mapped[int] = mapped_column(
+        ForeignKey("notifications.id", ondelete="CASCADE"), primary_key=True
+    )
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class KnownContact(Base):
+    """Contact identity (a hash of identifier or phone) to the service's contact_id."""
+
+    __tablename__ = "known_contacts"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    identity_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    contact_id: Mapped[int] = mapped_column(BigInteger)
+
+
+class ContactInbox(Base):
+    """(contact, inbox) to source_id, stored once: API inboxes invent a new one on every read."""
+
+    __tablename__ = "contact_inboxes"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    source_id: Mapped[str] = mapped_column(String(255))
+
+
+class ConversationLink(Base):
+    """(contact, inbox) to the conversation display ID, created once and then reused.
+
+    A row with no conversation_id is a claim: its holder is creating the conversation until
+    ``claimed_until``; others wait, so racing workers never open two threads.
+    """
+
+    __tablename__ = "conversation_links"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int | None] = mapped_column(BigInteger)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ServiceWindow(Base):
+    """When the contact last wrote in through the inbox: the 24-hour customer-service window."""
+
+    __tablename__ = "service_windows"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    last_incoming_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,66 @@
+"""The Python face for hosts: ``Dispatcher(settings).notify(request)`` and ``.status(event_id)``.
+
+``dispatcher.notify(...)`` and ``dispatcher.status(...)`` use one default instance built from the
+environment on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher import intake
+from dispatcher.db import session_factory, shared_engine
+from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
+from dispatcher.record import NotificationRecord
+from dispatcher.request import NotificationRequest, parse_request
+from dispatcher.settings import Settings, load_settings
+
+
+class Dispatcher:
+    """Accepts notifications into the store and hands them to the send queue."""
+
+    def __init__(self, settings: Settings, *, enqueuer: Enqueuer | None = None, migrate: bool = False) -> None:
+        self.settings = settings
+        if migrate:
+            from dispatcher.migrate import upgrade_database
+
+            upgrade_database(settings.database_url)
+        self.sessions: sessionmaker[Session] = session_factory(shared_engine(settings.database_url))
+        self.enqueuer: Enqueuer = enqueuer or CeleryEnqueuer(settings.broker_url)
+
+    def notify(self, request: NotificationRequest | dict[str, Any] | str | bytes) -> NotificationRecord:
+        """Accept one business event; the same event again returns the stored notification.
+
+        Raises InvalidEvent (naming the field) for a request that cannot be sent, and
+        EventConflict when the event ID was handed over before with a different request.
+        """
+        return intake.accept(parse_request(request), sessions=self.sessions, settings=self.settings, enqueuer=self.enqueuer)
+
+    def status(self, event_id: str) -> NotificationRecord:
+        """The notification's record; UnknownNotification when there is none."""
+        return intake.status(self.sessions, event_id)
+
+
+_default: Dispatcher | None = None
+_default_lock = threading.Lock()
+
+
+def default_dispatcher() -> Dispatcher:
+    global _default
+    with _default_lock:
+        if _default is None:
+            settings = load_settings()
+            _default = Dispatcher(settings, migrate=settings.database_url.startswith("sqlite"))
+        return _default
+
+
+def notify(request: NotificationRequest | dict[str, Any] | str | bytes) -> NotificationRecord:
+    """Hand over one business event (see :meth:`Dispatcher.notify`)."""
+    return default_dispatcher().notify(request)
+
+
+def status(event_id: str) -> NotificationRecord:
+    return default_dispatcher().status(event_id)

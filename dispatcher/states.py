@@ -1,0 +1,93 @@
+"""Notification and attempt states, their order, and which moves are allowed. Pure.
+
+Delivery states only move forward: sent < delivered < read, and failed ends an attempt. A late
+or out-of-order report (a provider callback can say "sent" after "delivered") never moves a
+state back; :func:`advance` answers what the state becomes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class AttemptState(StrEnum):
+    """One try at one route: the first send, or the single fallback."""
+
+    QUEUED = "queued"  # waiting for a worker
+    IN_FLIGHT = "in_flight"  # createMessage may be running right now (a lease says until when)
+    UNKNOWN = "unknown"  # createMessage ended without an answer: look for the message before resending
+    ACCEPTED = "accepted"  # the service took the message; no delivery status reported yet
+    SENT = "sent"
+    DELIVERED = "delivered"
+    READ = "read"
+    FAILED = "failed"  # ends the attempt
+
+
+class NotificationState(StrEnum):
+    """What a host sees: the state of the notification's current attempt, or its end."""
+
+    SCHEDULED = "scheduled"  # send_at in the future; a sweep queues it when due
+    QUEUED = "queued"
+    SENDING = "sending"
+    ACCEPTED = "accepted"
+    SENT = "sent"
+    DELIVERED = "delivered"
+    READ = "read"
+    FALLING_BACK = "falling_back"  # the first attempt failed and the fallback is on its way
+    FAILED = "failed"  # nothing more will happen
+
+
+# Delivery rank: a report may only raise it. FAILED is terminal, so it outranks everything.
+_RANK: dict[AttemptState, int] = {
+    AttemptState.QUEUED: 0,
+    AttemptState.IN_FLIGHT: 1,
+    AttemptState.UNKNOWN: 1,
+    AttemptState.ACCEPTED: 2,
+    AttemptState.SENT: 3,
+    AttemptState.DELIVERED: 4,
+    AttemptState.READ: 5,
+    AttemptState.FAILED: 6,
+}
+
+SENDABLE_ATTEMPT_STATES = frozenset({AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN})
+ACCEPTED_ATTEMPT_STATES = frozenset(
+    {AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ}
+)
+TERMINAL_NOTIFICATION_STATES = frozenset({NotificationState.READ, NotificationState.FAILED})
+CONFIRMED_NOTIFICATION_STATES = frozenset({NotificationState.DELIVERED, NotificationState.READ})
+
+
+def rank(state: AttemptState) -> int:
+    return _RANK[state]
+
+
+def advance(current: AttemptState, reported: AttemptState) -> AttemptState:
+    """The state after a delivery report: the later of the two; failed stays failed."""
+    if current is AttemptState.FAILED:
+        return current
+    return reported if rank(reported) > rank(current) else current
+
+
+def attempt_state_from_status(status: str | None) -> AttemptState:
+    """Map a message's ``status`` field (sent, delivered, read, failed or null) to a state."""
+    if status is None:
+        return AttemptState.ACCEPTED
+    try:
+        state = AttemptState(status)
+    except ValueError:
+        return AttemptState.ACCEPTED  # an unknown status tells us nothing beyond acceptance
+    return state if state in (AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ, AttemptState.FAILED) else AttemptState.ACCEPTED
+
+
+def notification_state_for(attempt: AttemptState) -> NotificationState:
+    """The host-facing state while ``attempt`` is the current attempt (before any fallback decision)."""
+    return {
+        AttemptState.QUEUED: NotificationState.QUEUED,
+        AttemptState.IN_FLIGHT: NotificationState.SENDING,
+        AttemptState.UNKNOWN: NotificationState.SENDING,
+        AttemptState.ACCEPTED: NotificationState.ACCEPTED,
+        AttemptState.SENT: NotificationState.SENT,
+        AttemptState.DELIVERED: NotificationState.DELIVERED,
+        AttemptState.READ: NotificationState.READ,
+        AttemptState.FAILED: NotificationState.FAILED,
+    }[attempt]

@@ -1,0 +1,327 @@
+"""Every query the paths need, one named function each.
+
+Status writes are compare-and-set: an ``UPDATE ... WHERE state IN (expected)`` that reports
+whether it won. A worker that loses such a race learns that someone else moved the row and
+stops; nothing is written twice. Callers own the transaction (``with sessions.begin()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from dispatcher.models import (
+    Attempt,
+    ContactInbox,
+    ConversationLink,
+    KnownContact,
+    Notification,
+    Payload,
+    ServiceWindow,
+)
+from dispatcher.states import AttemptState, NotificationState
+
+SERVICE_WINDOW = timedelta(hours=24)
+
+
+def identity_key(*, identifier: str | None = None, phone_number: str | None = None) -> str:
+    """A stable key for a contact identity that does not store the phone number itself."""
+    kind, value = ("identifier", identifier) if identifier is not None else ("phone", phone_number)
+    if value is None:
+        raise ValueError("identity_key needs an identifier or a phone number")
+    return hashlib.sha256(f"{kind}\0{value}".encode()).hexdigest()
+
+
+def content_hash(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def _insert_ignoring_conflict(session: Session, model: type[Any], values: dict[str, Any]) -> None:
+    """INSERT that leaves an existing row alone: the first writer wins, the others read its value."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(model).values(**values).on_conflict_do_nothing())
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+def find_notification_by_event(session: Session, event_id: str) -> Notification | None:
+    return session.scalars(select(Notification).where(Notification.event_id == event_id)).one_or_none()
+
+
+def load_notification(session: Session, notification_id: int) -> Notification | None:
+    return session.get(Notification, notification_id)
+
+
+def add_notification(session: Session, notification: Notification, payload_body: dict[str, Any]) -> Notification:
+    """Add a new notification and its payload; the unique event_id refuses a second one at flush."""
+    session.add(notification)
+    session.flush()
+    session.add(Payload(notification_id=notification.id, body=payload_body))
+    session.flush()
+    return notification
+
+
+def count_recent_on_route(session: Session, route: str, *, since: datetime) -> int:
+    query = select(func.count()).select_from(Notification).where(
+        Notification.route == route, Notification.created_at >= since
+    )
+    return int(session.scalar(query) or 0)
+
+
+def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: datetime) -> None:
+    ids = list(notification_ids)
+    if ids:
+        session.execute(
+            update(Notification).where(Notification.id.in_(ids)).values(enqueued_at=now, next_try_at=None)
+        )
+
+
+def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int) -> list[int]:
+    """Rows a sweep should hand (again) to the queue.
+
+    New rows never enqueued (an outbox row, or an enqueue that failed), scheduled rows now due,
+    rows whose long retry wait is over, and rows queued or sending long ago with no progress
+    since (their task was lost). Sending the same ID twice is harmless: the send path is
+    idempotent and guarded by compare-and-set.
+    """
+    sendable = (NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK)
+    query = (
+        select(Notification.id)
+        .where(
+            or_(
+                (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
+                (Notification.state.in_(sendable))
+                & or_(
+                    Notification.enqueued_at.is_(None),
+                    (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
+                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before),
+                ),
+            )
+        )
+        .order_by(Notification.id)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def release_scheduled(session: Session, notification_ids: Sequence[int], *, now: datetime) -> None:
+    """Scheduled rows that are due become queued (compare-and-set on the state)."""
+    if notification_ids:
+        session.execute(
+            update(Notification)
+            .where(Notification.id.in_(notification_ids), Notification.state == NotificationState.SCHEDULED)
+            .values(state=NotificationState.QUEUED, updated_at=now)
+        )
+
+
+def defer(session: Session, notification_id: int, *, at: datetime) -> None:
+    """A long wait: the sweep hands the row to the queue again at ``at`` (no broker countdown)."""
+    session.execute(update(Notification).where(Notification.id == notification_id).values(next_try_at=at))
+
+
+def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
+    """A task is working on the row now: the sweep leaves it alone until it goes stale."""
+    session.execute(
+        update(Notification).where(Notification.id == notification_id).values(next_try_at=None, enqueued_at=now)
+    )
+
+
+def set_notification_state(
+    session: Session, notification_id: int, *, expected: Iterable[str], values: dict[str, Any]
+) -> bool:
+    result = session.execute(
+        update(Notification)
+        .where(Notification.id == notification_id, Notification.state.in_(list(expected)))
+        .values(**values)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def load_payload(session: Session, notification_id: int) -> dict[str, Any] | None:
+    payload = session.get(Payload, notification_id)
+    return None if payload is None else payload.body
+
+
+def drop_payload(session: Session, notification_id: int) -> None:
+    """No further send can happen: forget the content and the contact details."""
+    session.execute(delete(Payload).where(Payload.notification_id == notification_id))
+
+
+def recent_notifications(session: Session, *, state: str | None = None, limit: int = 50) -> list[Notification]:
+    query = select(Notification).order_by(Notification.id.desc()).limit(limit)
+    if state is not None:
+        query = query.where(Notification.state == state)
+    return list(session.scalars(query))
+
+
+# --- attempts -------------------------------------------------------------------------------
+
+
+def attempts_of(session: Session, notification_id: int) -> list[Attempt]:
+    return list(
+        session.scalars(select(Attempt).where(Attempt.notification_id == notification_id).order_by(Attempt.number))
+    )
+
+
+def ensure_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str) -> Attempt:
+    """The attempt with that number, created on first use (a racing creator's row wins)."""
+    _insert_ignoring_conflict(
+        session,
+        Attempt,
+        {"notification_id": notification_id, "number": number, "route": route, "channel": channel,
+         "state": AttemptState.QUEUED, "tries": 0},
+    )
+    attempt = session.scalars(
+        select(Attempt)
+        .where(Attempt.notification_id == notification_id, Attempt.number == number)
+        .execution_options(populate_existing=True)
+    ).one()
+    return attempt
+
+
+def count_try(session: Session, attempt_id: int) -> int:
+    """Count a run of the send task before it does anything, so a crash loop stays bounded."""
+    session.execute(update(Attempt).where(Attempt.id == attempt_id).values(tries=Attempt.tries + 1))
+    return int(session.scalar(select(Attempt.tries).where(Attempt.id == attempt_id)) or 0)
+
+
+def update_attempt(session: Session, attempt_id: int, *, expected: Iterable[str], values: dict[str, Any]) -> bool:
+    """Compare-and-set on the attempt's state; True when this caller moved it."""
+    result = session.execute(
+        update(Attempt).where(Attempt.id == attempt_id, Attempt.state.in_(list(expected))).values(**values)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def start_send(session: Session, attempt_id: int, *, now: datetime, lease_until: datetime, values: dict[str, Any]) -> bool:
+    """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease."""
+    result = session.execute(
+        update(Attempt)
+        .where(
+            Attempt.id == attempt_id,
+            or_(
+                Attempt.state.in_([AttemptState.QUEUED, AttemptState.UNKNOWN]),
+                (Attempt.state == AttemptState.IN_FLIGHT) & (Attempt.lease_until < now),
+            ),
+        )
+        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, in_flight_since=now, **values)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def message_adopted_elsewhere(session: Session, message_id: int) -> bool:
+    return session.scalar(select(func.count()).select_from(Attempt).where(Attempt.message_id == message_id)) != 0
+
+
+# --- the reuse caches -----------------------------------------------------------------------
+
+
+def known_contact_id(session: Session, *, account_id: int, key: str) -> int | None:
+    return session.scalar(
+        select(KnownContact.contact_id).where(KnownContact.account_id == account_id, KnownContact.identity_key == key)
+    )
+
+
+def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], contact_id: int) -> None:
+    for key in keys:
+        _insert_ignoring_conflict(
+            session, KnownContact, {"account_id": account_id, "identity_key": key, "contact_id": contact_id}
+        )
+
+
+def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> str | None:
+    return session.scalar(
+        select(ContactInbox.source_id).where(
+            ContactInbox.account_id == account_id, ContactInbox.contact_id == contact_id, ContactInbox.inbox_id == inbox_id
+        )
+    )
+
+
+def remember_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int, source_id: str) -> str:
+    """Store the first source_id seen for the pair and return the stored one (maybe a racer's)."""
+    _insert_ignoring_conflict(
+        session,
+        ContactInbox,
+        {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id, "source_id": source_id},
+    )
+    stored = known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+    assert stored is not None
+    return stored
+
+
+def conversation_link(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> ConversationLink | None:
+    return session.scalars(
+        select(ConversationLink)
+        .where(
+            ConversationLink.account_id == account_id,
+            ConversationLink.contact_id == contact_id,
+            ConversationLink.inbox_id == inbox_id,
+        )
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def claim_conversation(
+    session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime, until: datetime
+) -> bool:
+    """Claim the right to create the pair's conversation; False while another holder's claim lasts."""
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    _insert_ignoring_conflict(session, ConversationLink, {**key, "conversation_id": None, "claimed_until": None})
+    result = session.execute(
+        update(ConversationLink)
+        .where(
+            ConversationLink.account_id == account_id,
+            ConversationLink.contact_id == contact_id,
+            ConversationLink.inbox_id == inbox_id,
+            ConversationLink.conversation_id.is_(None),
+            or_(ConversationLink.claimed_until.is_(None), ConversationLink.claimed_until < now),
+        )
+        .values(claimed_until=until)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
+    session.execute(
+        update(ConversationLink)
+        .where(
+            ConversationLink.account_id == account_id,
+            ConversationLink.contact_id == contact_id,
+            ConversationLink.inbox_id == inbox_id,
+        )
+        .values(conversation_id=conversation_id, claimed_until=None)
+    )
+
+
+def release_conversation_claim(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> None:
+    """Give the claim back at once after a failed create, so the next try need not wait it out."""
+    session.execute(
+        update(ConversationLink)
+        .where(
+            ConversationLink.account_id == account_id,
+            ConversationLink.contact_id == contact_id,
+            ConversationLink.inbox_id == inbox_id,
+            ConversationLink.conversation_id.is_(None),
+        )
+        .values(claimed_until=None)
+    )
+
+
+def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime) -> bool:
+    """True while the contact's last incoming message through the inbox is under 24 hours old."""
+    last = session.scalar(
+        select(ServiceWindow.last_incoming_at).where(
+            ServiceWindow.account_id == account_id,
+            ServiceWindow.contact_id == contact_id,
+            ServiceWindow.inbox_id == inbox_id,
+        )
+    )
+    return last is not None and now - last < SERVICE_WINDOW

@@ -1,0 +1,212 @@
+"""The send path against a real sandbox process, one call at a time (no Celery here).
+
+Given a notification in the store, when the send path runs, then exactly one message exists in
+the sandbox, in the conversation of its contact and inbox, and the store says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dispatcher import intake, store
+from dispatcher.context import SendContext
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.models import Attempt
+from dispatcher.request import parse_request
+from dispatcher.send import Outcome, send_notification
+from dispatcher.states import AttemptState
+from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
+from tests.support.sandbox_process import SandboxProcess, running_sandbox
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxProcess]:
+    with running_sandbox() as process:
+        yield process
+
+
+@pytest.fixture()
+def context(sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
+    sandbox.reset()
+    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/dispatcher.sqlite")
+    with send_context(settings) as ctx:
+        yield ctx
+
+
+def _accept(ctx: SendContext, request: dict) -> int:
+    record = intake.accept(parse_request(request), sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
+    with ctx.sessions() as session:
+        notification = store.find_notification_by_event(session, record.event_id)
+        assert notification is not None
+        return notification.id
+
+
+def _calls(sandbox: SandboxProcess) -> dict[str, int]:
+    return dict(sandbox.stats()["calls"])
+
+
+def test_new_contact_takes_four_calls_and_a_known_one_takes_one(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a contact the workspace has never seen
+    first = _accept(context, reminder("evt-new-1", identifier="pat-1", phone="+15550300001"))
+    drive(context, first)  # warms the inbox list as well
+    before = _calls(sandbox)
+    second_contact = _accept(context, reminder("evt-new-2", identifier="pat-2", phone="+15550300002"))
+    # When it is sent to, then: search, create contact (with its source_id), create conversation, send
+    results = drive(context, second_contact)
+    assert results[-1].outcome is Outcome.ACCEPTED
+    after = _calls(sandbox)
+    spent = {op: after.get(op, 0) - before.get(op, 0) for op in after if after.get(op, 0) != before.get(op, 0)}
+    assert spent == {"searchContacts": 1, "createContact": 1, "createConversation": 1, "createMessage": 1}
+    # And a second notification to the same contact takes createMessage alone
+    again = _accept(context, reminder("evt-new-3", identifier="pat-2", phone="+15550300002"))
+    drive(context, again)
+    final = _calls(sandbox)
+    spent = {op: final.get(op, 0) - after.get(op, 0) for op in final if final.get(op, 0) != after.get(op, 0)}
+    assert spent == {"createMessage": 1}
+    messages = sandbox.messages()
+    assert len({message["conversation_id"] for message in messages if message["contact_id"] == messages[-1]["contact_id"]}) == 1
+
+
+def test_the_record_holds_the_recommended_values(context: SendContext, sandbox: SandboxProcess) -> None:
+    notification_id = _accept(context, reminder("evt-rec", identifier="pat-rec", phone="+15550300010"))
+    drive(context, notification_id)
+    record = intake.status(context.sessions, "evt-rec")
+    sandbox_message = next(m for m in sandbox.messages() if m["id"] == record.message_id)
+    assert record.state in {"accepted", "sent", "delivered", "read"}
+    assert record.conversation_id == sandbox_message["conversation_id"]
+    assert record.inbox_id == sandbox_message["inbox_id"] == 1
+    assert record.channel == "messaging_platform"
+    assert record.accepted_at is not None
+    assert sandbox_message["template_name"] == "appointment_reminder"
+    with context.sessions() as session:
+        # No fallback route on "reminders"? It has one (sms): the payload stays until the outcome is known.
+        assert store.load_payload(session, notification_id) is not None
+
+
+def test_a_dropped_response_after_commit_is_adopted_not_resent(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given the sandbox commits createMessage and then drops the response, every time
+    notification_id = _accept(context, reminder("evt-drop", identifier="pat-drop", phone="+15550300020"))
+    sandbox.set_faults({"createMessage": {"drop_response_share": 1.0}})
+    # When the send path runs once, the outcome is unknown and it asks to look before resending
+    first = send_notification(notification_id, context)
+    assert first.outcome is Outcome.RETRY
+    with context.sessions() as session:
+        assert store.attempts_of(session, notification_id)[0].state == AttemptState.UNKNOWN
+    # Then the next run finds the message in the conversation and adopts it: no second send
+    sandbox.set_faults({})
+    second = send_notification(notification_id, context)
+    assert second.outcome is Outcome.ADOPTED
+    ours = [m for m in sandbox.messages() if m["id"] == second.message_id]
+    assert len(ours) == 1
+    assert sum(1 for m in sandbox.messages() if m["conversation_id"] == ours[0]["conversation_id"]) == 1
+    assert _calls(sandbox)["createMessage"] == 1
+
+
+def test_a_worker_killed_mid_call_leaves_an_expired_lease_that_is_recovered(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    # Given a send that reached the service, but whose worker died before recording it
+    notification_id = _accept(context, reminder("evt-kill", identifier="pat-kill", phone="+15550300030"))
+    drive(context, notification_id)
+    with context.sessions.begin() as session:
+        attempt = store.attempts_of(session, notification_id)[0]
+        message_id = attempt.message_id
+        session.get(Attempt, attempt.id).state = AttemptState.IN_FLIGHT  # type: ignore[union-attr]
+        session.get(Attempt, attempt.id).message_id = None  # type: ignore[union-attr]
+        session.get(Attempt, attempt.id).content_hash = store.content_hash(  # type: ignore[union-attr]
+            parse_request(reminder("evt-kill", identifier="pat-kill", phone="+15550300030")).content
+        )
+        session.get(Attempt, attempt.id).lease_until = context.clock()  # type: ignore[union-attr]
+        notification = store.load_notification(session, notification_id)
+        notification.state = "sending"  # type: ignore[union-attr]
+    # When the redelivered task runs
+    result = send_notification(notification_id, context)
+    # Then it adopts the message that exists instead of sending another
+    assert result.outcome is Outcome.ADOPTED
+    assert result.message_id == message_id
+    assert _calls(sandbox)["createMessage"] == 1
+
+
+def test_a_live_lease_makes_a_twin_wait(context: SendContext, sandbox: SandboxProcess) -> None:
+    notification_id = _accept(context, reminder("evt-lease", identifier="pat-lease", phone="+15550300040"))
+    with context.sessions.begin() as session:
+        attempt = store.ensure_attempt(session, notification_id=notification_id, number=1, route="reminders", channel="messaging_platform")
+        store.start_send(session, attempt.id, now=context.clock(), lease_until=context.clock().replace(year=2100), values={})
+    result = send_notification(notification_id, context)
+    assert result.outcome is Outcome.RETRY
+    assert "may still be running" in result.reason
+    assert _calls(sandbox).get("createMessage", 0) == 0
+
+
+def test_server_errors_on_search_are_retried_then_succeed(context: SendContext, sandbox: SandboxProcess) -> None:
+    notification_id = _accept(context, reminder("evt-5xx", identifier="pat-5xx", phone="+15550300050"))
+    sandbox.set_faults({"searchContacts": {"server_error_share": 1.0}})
+    first = send_notification(notification_id, context)
+    assert first.outcome is Outcome.RETRY and first.delay_s > 0
+    sandbox.set_faults({})
+    assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    assert len(sandbox.messages()) == 1
+
+
+def test_a_rate_limit_answer_pauses_the_limiter(context: SendContext, sandbox: SandboxProcess) -> None:
+    notification_id = _accept(context, reminder("evt-429", identifier="pat-429", phone="+15550300060"))
+    sandbox.set_faults({"searchContacts": {"rate_limit_share": 1.0}})
+    result = send_notification(notification_id, context)
+    assert result.outcome is Outcome.RETRY
+    assert context.limiter.paused_for() > 0  # every worker sharing the limiter now waits
+
+
+def test_a_final_rejection_fails_the_attempt_and_is_not_retried(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a conversation the service does not know (it was deleted there)
+    notification_id = _accept(context, reminder("evt-404", identifier="pat-404", phone="+15550300070"))
+    drive(context, notification_id)
+    second = _accept(context, reminder("evt-404b", identifier="pat-404", phone="+15550300070"))
+    with context.sessions.begin() as session:
+        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, notification_id)[0].contact_id or 0, inbox_id=1)
+        assert link is not None
+        link.conversation_id = 999_999
+    results = drive(context, second)
+    assert [r.outcome for r in results] == [Outcome.FAILED]
+    record = intake.status(context.sessions, "evt-404b")
+    assert record.state == "failed"
+    assert record.error_kind == "not_found"
+    with context.sessions() as session:
+        assert store.load_payload(session, second) is None  # nothing more will be sent: content forgotten
+
+
+def test_free_text_goes_out_on_sms(context: SendContext, sandbox: SandboxProcess) -> None:
+    request = {
+        "event_id": "evt-sms",
+        "route": "sms",
+        "contact": {"identifier": "pat-sms", "phone_number": "+15550300080"},
+        "content": "Your results are ready",
+    }
+    notification_id = _accept(context, request)
+    assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    message = sandbox.messages()[-1]
+    assert message["inbox_id"] == 2
+    assert message.get("template_name") in (None, "")
+    with context.sessions() as session:
+        assert store.load_payload(session, notification_id) is None  # no fallback route: dropped at acceptance
+
+
+def test_a_racing_duplicate_contact_resolves_to_the_existing_one(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given the contact exists in the workspace under a phone, created by someone else
+    created = httpx.post(
+        f"{sandbox.api_url}/contacts",
+        headers=sandbox.headers,
+        json={"inbox_id": 1, "name": "Other", "phone_number": "+15550300090"},
+    )
+    assert created.status_code == 200
+    existing_id = created.json()["payload"]["contact"]["id"]
+    # When we send with an identifier the workspace does not know, createContact answers 422
+    notification_id = _accept(context, reminder("evt-dup", identifier="pat-dup", phone="+15550300090"))
+    assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    # Then the message goes to the existing contact
+    assert sandbox.messages()[-1]["contact_id"] == existing_id

@@ -1,0 +1,57 @@
+"""The Celery app: queues, late acks, redelivery when a worker process dies, JSON only.
+
+``celery -A workers.app worker`` (or ``dispatcher worker``) runs it. Settings come from the
+environment like everywhere else; task and queue names from :mod:`dispatcher.queues`.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from dispatcher.queues import (
+    MAINTENANCE_QUEUE,
+    OUTCOMES_QUEUE,
+    SEND_QUEUE,
+    SEND_TASK,
+    SWEEP_TASK,
+    broker_transport_options,
+)
+from dispatcher.settings import Settings, load_settings
+
+
+def create_app(settings: Settings) -> Celery:
+    app = Celery("dispatcher", broker=settings.broker_url, include=["workers.tasks", "workers.signals"])
+    app.conf.update(
+        # A task is acknowledged after it ran, and given back when its process dies mid-run:
+        # at least once. The send path's compare-and-set and recovery keep it to one message.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        broker_transport_options=broker_transport_options(
+            settings.broker_url, visibility_timeout_s=settings.broker_visibility_timeout_s
+        ),
+        broker_connection_retry_on_startup=True,
+        task_queues=[Queue(SEND_QUEUE), Queue(OUTCOMES_QUEUE), Queue(MAINTENANCE_QUEUE)],
+        task_default_queue=SEND_QUEUE,
+        task_routes={SEND_TASK: {"queue": SEND_QUEUE}, SWEEP_TASK: {"queue": MAINTENANCE_QUEUE}},
+        # Flower reads task events; arguments are IDs only, and argsrepr says so.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        beat_schedule={
+            "sweep": {
+                "task": SWEEP_TASK,
+                "schedule": settings.sweep_interval_s,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 2},
+            }
+        },
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = create_app(load_settings())

@@ -1,0 +1,52 @@
+"""One SendContext per worker process, built on first use and rebuilt after a fork."""
+
+from __future__ import annotations
+
+import os
+
+from dispatcher.api import WorkspaceClient
+from dispatcher.context import InboxDirectory, SendContext, make_limiter, retry_plan_of
+from dispatcher.db import session_factory, shared_engine
+from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.settings import Settings, load_settings
+
+_context: SendContext | None = None
+_enqueuer: CeleryEnqueuer | None = None
+_pid: int | None = None
+
+
+def _fresh_process() -> bool:
+    global _context, _enqueuer, _pid
+    if _pid != os.getpid():
+        _context, _enqueuer, _pid = None, None, os.getpid()
+        return True
+    return False
+
+
+def settings() -> Settings:
+    return send_context().settings
+
+
+def send_context() -> SendContext:
+    global _context
+    _fresh_process()
+    if _context is None:
+        loaded = load_settings()
+        api = WorkspaceClient.from_settings(loaded)
+        _context = SendContext(
+            settings=loaded,
+            api=api,
+            sessions=session_factory(shared_engine(loaded.database_url)),
+            limiter=make_limiter(loaded),
+            inboxes=InboxDirectory(api.list_inboxes),
+            plan=retry_plan_of(loaded),
+        )
+    return _context
+
+
+def enqueuer() -> CeleryEnqueuer:
+    global _enqueuer
+    _fresh_process()
+    if _enqueuer is None:
+        _enqueuer = CeleryEnqueuer(send_context().settings.broker_url)
+    return _enqueuer

@@ -1,0 +1,41 @@
+"""Thin tasks: take IDs, call the dispatcher, turn its answer into a retry or an end.
+
+Task arguments are notification IDs only: no content or contact data passes the broker, so
+Flower and the logs show nothing private.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import Task
+
+from dispatcher import store
+from dispatcher.queues import SEND_TASK, SWEEP_TASK
+from dispatcher.send import Outcome, send_notification
+from dispatcher.sweep import sweep as run_sweep
+from workers import runtime
+from workers.app import app
+
+
+@app.task(name=SEND_TASK, bind=True, max_retries=None)
+def send(self: Task, notification_id: int) -> str:
+    """Send one notification's current attempt (at least once; at most one message)."""
+    context = runtime.send_context()
+    result = send_notification(int(notification_id), context)
+    if result.outcome is Outcome.RETRY:
+        if result.deferred or result.delay_s > context.plan.max_countdown_s:
+            with context.sessions.begin() as session:
+                store.defer(session, int(notification_id), at=context.clock() + timedelta(seconds=result.delay_s))
+            return "deferred"
+        raise self.retry(countdown=max(result.delay_s, 0.05), max_retries=None)
+    return result.outcome.value
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True)
+def sweep() -> int:
+    """Publish outbox rows, due scheduled rows, finished long waits and rows whose task was lost."""
+    context = runtime.send_context()
+    return run_sweep(
+        sessions=context.sessions, enqueuer=runtime.enqueuer(), stale_after_s=context.settings.stale_after_s
+    )
