@@ -1,0 +1,164 @@
+"""Channel rules and delivery-state progression of outgoing messages.
+
+What a real channel does after the API has answered 200 is simulated here: the message starts as
+``sent`` (or null), then becomes ``delivered`` and ``read`` after configured delays, or ``failed``
+with an ``external_error`` from the field notes. Failures are always reported asynchronously, as the
+real service reports them, never as an error answer to createMessage.
+
+Rules, checked in this order for an outgoing, non-private message without ``source_id``:
+
+1. business-messaging platform (``Channel::Whatsapp``) with ``template_params``: unknown template or
+   language -> ``132001``; wrong number of body parameters -> ``132000``;
+2. platform, free text outside the customer-service window -> ``131047``;
+3. recipient rules by phone prefix: ``fail`` with their external_error, or ``never_confirm``.
+
+Timers are ``loop.call_later`` callbacks, cheap enough for thousands of messages a second. Each
+transition is chained from the previous one, so ``read`` can never overtake ``delivered``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sandbox.config import CHANNEL_PLATFORM, Behaviour, Inbox, RecipientRule
+from sandbox.records import ContactRec, MessageRec
+from sandbox.state import Store
+
+ERROR_UNDELIVERABLE = "131026: Message undeliverable"
+ERROR_WINDOW_CLOSED = "131047: Re-engagement message"
+ERROR_PARAM_COUNT = "132000: Number of parameters does not match the expected number of params"
+ERROR_NO_TEMPLATE = "132001: Template name does not exist in the translation"
+ERROR_THROUGHPUT = "130429: Rate limit hit"
+TEMPLATE_SECTIONS = frozenset({"body", "header", "buttons", "footer"})
+
+
+class SlidingWindow:
+    """Counts events per key over the last ``window_s`` seconds (monotonic clock)."""
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._events: dict[Hashable, deque[float]] = {}
+
+    def count(self, key: Hashable) -> int:
+        events = self._events.get(key)
+        if not events:
+            return 0
+        horizon = self.clock() - self.window_s
+        while events and events[0] <= horizon:
+            events.popleft()
+        return len(events)
+
+    def add(self, key: Hashable) -> None:
+        self._events.setdefault(key, deque()).append(self.clock())
+
+
+def count_body_params(processed_params: dict[str, Any]) -> int:
+    """Body parameters in either shape: ``{"body": {"1": ..}}`` or the legacy flat ``{"1": ..}``."""
+    body = processed_params.get("body")
+    if isinstance(body, dict):
+        return len(body)
+    return sum(1 for key in processed_params if key not in TEMPLATE_SECTIONS)
+
+
+def template_error(inbox: Inbox, template_params: dict[str, Any]) -> str | None:
+    same_name = [t for t in inbox.templates if t.name == template_params.get("name")]
+    match = next((t for t in same_name if t.language == template_params.get("language")), None)
+    if match is None:
+        return ERROR_NO_TEMPLATE
+    if count_body_params(template_params.get("processed_params") or {}) != match.body_params:
+        return ERROR_PARAM_COUNT
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the channel will do with an accepted outgoing message."""
+
+    effect: Literal["progress", "fail", "never_confirm", "hold"]
+    external_error: str | None = None
+
+
+def matching_rule(rules: list[RecipientRule], inbox: Inbox, contact: ContactRec) -> RecipientRule | None:
+    phone = contact.phone_number or ""
+    for rule in rules:
+        if (not rule.inbox_ids or inbox.id in rule.inbox_ids) and phone.startswith(rule.phone_prefix):
+            return rule
+    return None
+
+
+class Channels:
+    """Decides each outgoing message's fate and plays it out on the event loop."""
+
+    def __init__(
+        self,
+        behaviour: Behaviour,
+        rules: list[RecipientRule],
+        store: Store,
+        *,
+        on_status: Callable[[MessageRec], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.behaviour = behaviour
+        self.rules = rules
+        self.store = store
+        self.on_status = on_status
+        self.sends = SlidingWindow(60.0, monotonic)  # per inbox, for sends_per_minute
+        self.conversation_messages = SlidingWindow(60.0, monotonic)  # per conversation
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Stop every pending transition (used by reset: the old store is thrown away)."""
+        self.cancelled = True
+
+    def over_send_cap(self, inbox: Inbox) -> bool:
+        return inbox.sends_per_minute is not None and self.sends.count(inbox.id) >= inbox.sends_per_minute
+
+    def window_open(self, contact_id: int, inbox_id: int) -> bool:
+        opened = self.store.last_incoming_at.get((contact_id, inbox_id))
+        return opened is not None and self.store.clock() - opened < self.behaviour.service_window_s
+
+    def plan(self, inbox: Inbox, contact: ContactRec, template_params: dict[str, Any] | None) -> Plan:
+        if inbox.channel_type == CHANNEL_PLATFORM:
+            if template_params is not None:
+                error = template_error(inbox, template_params)
+                if error:
+                    return Plan("fail", error)
+            elif not self.window_open(contact.id, inbox.id):
+                return Plan("fail", ERROR_WINDOW_CLOSED)
+        rule = matching_rule(self.rules, inbox, contact)
+        if rule is not None:
+            if rule.effect == "fail":
+                return Plan("fail", rule.external_error)
+            return Plan("never_confirm")
+        return Plan("progress")
+
+    def start(self, message: MessageRec, plan: Plan) -> None:
+        loop = asyncio.get_running_loop()
+        if plan.effect == "fail":
+            loop.call_later(self.behaviour.failed_after_s, self._fail, message, plan.external_error)
+        elif plan.effect == "progress":
+            loop.call_later(self.behaviour.delivered_after_s, self._advance, message, "delivered")
+
+    def _fail(self, message: MessageRec, error: str | None) -> None:
+        if self.cancelled or message.status == "failed":
+            return
+        message.content_attributes["external_error"] = error or ERROR_UNDELIVERABLE
+        self._set(message, "failed")
+
+    def _advance(self, message: MessageRec, status: str) -> None:
+        if self.cancelled or message.status == "failed":
+            return
+        self._set(message, status)
+        if status == "delivered":
+            asyncio.get_running_loop().call_later(self.behaviour.read_after_s, self._advance, message, "read")
+
+    def _set(self, message: MessageRec, status: str) -> None:
+        message.status = status
+        message.updated_at = self.store.clock()
+        self.on_status(message)

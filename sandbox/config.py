@@ -1,0 +1,211 @@
+"""The sandbox's configuration: seed data plus behaviour, webhook and fault settings, from TOML.
+
+One file format serves both the shipped default seed (``seed.default.toml``) and ``--config FILE``.
+Merging rule, kept simple so a test config can be three lines long:
+
+* if the file defines ``accounts``, the whole seed (accounts, tokens, inboxes, contacts,
+  recipient_rules) comes from the file alone; otherwise the default seed is used;
+* the tables ``[behaviour]``, ``[webhooks]`` and ``[faults.<operationId>]`` are merged key by key
+  over the default file's tables; keys left out keep the model defaults below.
+
+Every key is documented in docs/sandbox.md. Units are in the names (``_s`` seconds, ``_share`` 0..1).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SEED_KEYS = ("accounts", "tokens", "inboxes", "contacts", "recipient_rules")
+OPERATION_IDS = (
+    "listInboxes",
+    "searchContacts",
+    "createContact",
+    "listContactableInboxes",
+    "listConversations",
+    "createConversation",
+    "listMessages",
+    "createMessage",
+    "listWebhooks",
+    "createWebhook",
+)
+CHANNEL_PLATFORM = "Channel::Whatsapp"
+CHANNEL_API = "Channel::Api"
+CHANNEL_SMS = "Channel::Sms"
+CHANNEL_EMAIL = "Channel::Email"
+CHANNEL_WEB_SESSION = "Channel::WebSession"
+CHANNEL_WEB_WIDGET = "Channel::WebWidget"
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a config file must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Account(_Strict):
+    id: int
+    name: str
+
+
+class Token(_Strict):
+    token: str
+    accounts: list[int]
+
+
+class Template(_Strict):
+    """An approved platform template; ``body_params`` is the number of body placeholders."""
+
+    name: str
+    language: str
+    category: Literal["UTILITY", "MARKETING", "AUTHENTICATION"] = "UTILITY"
+    body_params: int = Field(0, ge=0)
+
+
+class Inbox(_Strict):
+    id: int
+    account_id: int
+    name: str
+    channel_type: str
+    lock_to_single_conversation: bool = False
+    sends_per_minute: int | None = Field(None, ge=1, description="cap of outgoing sends a minute")
+    templates: list[Template] = []
+
+
+class Contact(_Strict):
+    id: int | None = None
+    account_id: int
+    name: str | None = None
+    phone_number: str | None = None
+    email: str | None = None
+    identifier: str | None = None
+
+
+class RecipientRule(_Strict):
+    """Outcome for outgoing messages to phones starting with ``phone_prefix`` on ``inbox_ids``."""
+
+    phone_prefix: str
+    inbox_ids: list[int] = []
+    effect: Literal["fail", "never_confirm"] = "fail"
+    external_error: str = "131026: Message undeliverable"
+
+
+class Behaviour(_Strict):
+    initial_status: Literal["sent", "null"] = "sent"
+    delivered_after_s: float = Field(0.5, ge=0)
+    read_after_s: float = Field(1.5, ge=0, description="after delivered")
+    failed_after_s: float = Field(0.2, ge=0, description="asynchronous failure report delay")
+    service_window_s: float = Field(86400.0, gt=0)
+    conversation_messages_per_minute: int = Field(200, ge=1)
+    over_send_cap: Literal["reject", "fail"] = "reject"
+    contact_search_per_minute: int = Field(0, ge=0, description="0 = unlimited")
+    random_seed: int = 20240601
+
+
+class Webhooks(_Strict):
+    header_prefix: str = "Service"
+    include_status: bool = True
+    delay_s: float = Field(0.0, ge=0)
+    duplicate_share: float = Field(0.0, ge=0, le=1)
+    reorder_share: float = Field(0.0, ge=0, le=1)
+    reorder_hold_s: float = Field(1.0, ge=0)
+    drop_share: float = Field(0.0, ge=0, le=1)
+    max_retries: int = Field(2, ge=0, le=20)
+    retry_delay_s: float = Field(0.5, ge=0)
+    timeout_s: float = Field(5.0, gt=0)
+    concurrency: int = Field(2, ge=1, le=64)
+    allowed_hosts: list[str] = ["127.0.0.1", "localhost", "::1"]
+
+
+class Fault(_Strict):
+    """Faults for one operationId; shares are drawn in this order: timeout, 429, 5xx, drop."""
+
+    latency_s: float = Field(0.0, ge=0)
+    timeout_share: float = Field(0.0, ge=0, le=1)
+    timeout_s: float = Field(30.0, ge=0)
+    timeout_then: Literal["close", "answer"] = "close"
+    rate_limit_share: float = Field(0.0, ge=0, le=1)
+    server_error_share: float = Field(0.0, ge=0, le=1)
+    server_error_status: int = Field(503, ge=500, le=599)
+    drop_response_share: float = Field(0.0, ge=0, le=1)
+    drop_mode: Literal["close", "hang"] = "close"
+    hang_s: float = Field(30.0, ge=0)
+
+
+def validate_faults(raw: dict[str, Any]) -> dict[str, Fault]:
+    """Parse a fault table; an operationId outside the contract is an error, not a silent no-op."""
+    unknown = sorted(set(raw) - set(OPERATION_IDS))
+    if unknown:
+        raise ValueError(f"unknown operationId(s) in faults: {', '.join(unknown)}")
+    return {op: Fault.model_validate(value) for op, value in raw.items()}
+
+
+class SandboxConfig(_Strict):
+    accounts: list[Account]
+    tokens: list[Token]
+    inboxes: list[Inbox]
+    contacts: list[Contact] = []
+    recipient_rules: list[RecipientRule] = []
+    behaviour: Behaviour = Behaviour()
+    webhooks: Webhooks = Webhooks()
+    faults: dict[str, Fault] = {}
+
+    @model_validator(mode="after")
+    def _check_references(self) -> SandboxConfig:
+        account_ids = {a.id for a in self.accounts}
+        if len(account_ids) != len(self.accounts):
+            raise ValueError("account ids must be unique")
+        inbox_ids = [i.id for i in self.inboxes]
+        if len(set(inbox_ids)) != len(inbox_ids):
+            raise ValueError("inbox ids must be unique")
+        for token in self.tokens:
+            if not set(token.accounts) <= account_ids:
+                raise ValueError("a token names an account that is not seeded")
+        for inbox in self.inboxes:
+            if inbox.account_id not in account_ids:
+                raise ValueError(f"inbox {inbox.id} names an account that is not seeded")
+        for contact in self.contacts:
+            if contact.account_id not in account_ids:
+                raise ValueError("a contact names an account that is not seeded")
+        validate_faults({op: f.model_dump() for op, f in self.faults.items()})
+        return self
+
+
+def _read_default_text() -> str:
+    return resources.files("sandbox").joinpath("seed.default.toml").read_text(encoding="utf-8")
+
+
+def merge_documents(default: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Apply the merging rule in the module docstring to two parsed TOML documents."""
+    merged: dict[str, Any] = {}
+    seed_source = override if "accounts" in override else default
+    for key in SEED_KEYS:
+        if key in seed_source:
+            merged[key] = seed_source[key]
+    for key in ("behaviour", "webhooks"):
+        merged[key] = {**default.get(key, {}), **override.get(key, {})}
+    faults: dict[str, Any] = {op: dict(v) for op, v in default.get("faults", {}).items()}
+    for op, values in override.get("faults", {}).items():
+        faults[op] = {**faults.get(op, {}), **values}
+    merged["faults"] = faults
+    extra = set(override) - set(SEED_KEYS) - {"behaviour", "webhooks", "faults"}
+    for key in extra:
+        merged[key] = override[key]  # rejected by the strict model with a clear message
+    return merged
+
+
+def load_config(path: str | Path | None = None) -> SandboxConfig:
+    """The default seed, overlaid with the file at ``path`` if given."""
+    default = tomllib.loads(_read_default_text())
+    override = tomllib.loads(Path(path).read_text(encoding="utf-8")) if path else {}
+    return SandboxConfig.model_validate(merge_documents(default, override))
+
+
+def parse_config_text(text: str) -> SandboxConfig:
+    """Same as :func:`load_config` for TOML text (used by tests and the benchmark)."""
+    default = tomllib.loads(_read_default_text())
+    return SandboxConfig.model_validate(merge_documents(default, tomllib.loads(text)))

@@ -1,0 +1,124 @@
+"""Inspection and control endpoints under ``/_sandbox/``, apart from the contract paths.
+
+No token: these stand for what a tester can see and do on the real workspace's side (its agent UI,
+a customer typing a reply), not for anything the dispatcher may call. They are never faulted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pydantic
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandbox import shapes
+from sandbox.bodies import Incoming, describe_errors
+from sandbox.responses import HttpError, int_query, json_error, parse_body
+from sandbox.runtime import Sandbox
+from sandbox.records import NotFound
+
+MESSAGE_FILTERS = ("account_id", "conversation_id", "inbox_id", "contact_id")
+
+
+def _sandbox(request: Request) -> Sandbox:
+    return request.app.state.sandbox  # type: ignore[no-any-return]
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "pending_webhooks": _sandbox(request).webhooks.pending()})
+
+
+async def messages(request: Request) -> Response:
+    """All messages, oldest first; filter by account_id, conversation_id (display id), inbox_id,
+    contact_id, status."""
+    sandbox = _sandbox(request)
+    try:
+        wanted = {name: int_query(request, name) for name in MESSAGE_FILTERS}
+    except HttpError as exc:
+        return json_error(exc.status, exc.message)
+    status = request.query_params.get("status")
+    rows = []
+    for message in sandbox.store.messages.values():
+        row = sandbox.inspect_message(message)
+        if any(value is not None and row[name] != value for name, value in wanted.items()):
+            continue
+        if status is not None and row["status"] != status:
+            continue
+        rows.append(row)
+    return JSONResponse({"messages": rows})
+
+
+async def stats(request: Request) -> Response:
+    sandbox = _sandbox(request)
+    return JSONResponse({**sandbox.stats.snapshot(), "pending_webhooks": sandbox.webhooks.pending()})
+
+
+async def faults(request: Request) -> Response:
+    sandbox = _sandbox(request)
+    if request.method == "PUT":
+        try:
+            raw = json.loads(await request.body())
+            if not isinstance(raw, dict):
+                raise ValueError("the fault table must be a JSON object")
+            sandbox.faults.replace(raw)
+        except pydantic.ValidationError as exc:
+            return json_error(422, "Invalid fault settings", details=describe_errors(exc.errors()))
+        except ValueError as exc:
+            return json_error(422, str(exc))
+    return JSONResponse({"faults": sandbox.faults.snapshot()})
+
+
+async def incoming(request: Request) -> Response:
+    """Simulate a customer's message on a contact/inbox pair (finds or opens the conversation)."""
+    sandbox = _sandbox(request)
+    try:
+        body = await parse_body(request, Incoming)
+        store = sandbox.store
+        if body.account_id not in store.accounts:
+            raise NotFound("Account not found")
+        contact = store.contact(body.account_id, body.contact_id)
+        inbox = store.inbox(body.account_id, body.inbox_id)
+        if body.conversation_id is not None:
+            conversation = store.conversation(body.account_id, body.conversation_id)
+            if conversation.contact_id != contact.id or conversation.inbox_id != inbox.id:
+                raise HttpError(422, "conversation belongs to another contact or inbox")
+        else:
+            conversation = None
+            for candidate in reversed(list(store.conversations.values())):
+                if candidate.contact_id == contact.id and candidate.inbox_id == inbox.id:
+                    conversation = candidate
+                    break
+            if conversation is None:
+                source_id = store.contactable_source_id(contact, inbox)
+                if source_id is None:
+                    raise HttpError(422, "the contact has no address on this inbox's channel")
+                binding = store.bind(contact, inbox, source_id)
+                conversation, _ = store.create_conversation(
+                    body.account_id, binding, status="open", custom_attributes={}, additional_attributes={}
+                )
+                sandbox.announce_conversation(conversation)
+    except HttpError as exc:
+        return json_error(exc.status, exc.message, **exc.extra)
+    except NotFound as exc:
+        return json_error(404, str(exc))
+    message = sandbox.receive_message(conversation, content=body.content, age_s=body.age_s)
+    return JSONResponse(
+        {"conversation_id": conversation.display_id, "message": shapes.message_json(sandbox.store, message)}
+    )
+
+
+async def reset(request: Request) -> Response:
+    _sandbox(request).reset()
+    return JSONResponse({"status": "reset"})
+
+
+routes = [
+    Route("/_sandbox/health", health, methods=["GET"]),
+    Route("/_sandbox/messages", messages, methods=["GET"]),
+    Route("/_sandbox/stats", stats, methods=["GET"]),
+    Route("/_sandbox/faults", faults, methods=["GET", "PUT"]),
+    Route("/_sandbox/incoming", incoming, methods=["POST"]),
+    Route("/_sandbox/reset", reset, methods=["POST"]),
+]
