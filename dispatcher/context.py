@@ -38,6 +38,18 @@ class InboxDirectory:
         self._listed_at: float | None = None
         self._lock = threading.Lock()
 
+    def warm(self) -> None:
+        """List the inboxes if none are cached or the cache is old; otherwise do nothing."""
+        with self._lock:
+            now = self._clock()
+            if self._listed_at is None or now - self._listed_at > INBOX_CACHE_TTL_S:
+                self._refresh(now)
+
+    def cached(self, route: Route) -> Inbox | None:
+        """The route's inbox from the cache only: no API call (safe inside a transaction)."""
+        with self._lock:
+            return find_route_inbox(route, self._inboxes)
+
     def resolve(self, route: Route) -> Inbox | None:
         with self._lock:
             now = self._clock()

@@ -145,6 +145,7 @@ def accept(
     if new and notification.state == NotificationState.QUEUED:
         published = enqueuer.enqueue_send([notification.id])
         with sessions.begin() as session:
+            store.commit_without_waiting(session)  # lost in a database crash? the sweep publishes again
             store.mark_enqueued(session, published, now=clock())
     return status(sessions, request.event_id)
 

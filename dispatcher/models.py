@@ -181,3 +181,32 @@ class ServiceWindow(Base):
     contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     last_incoming_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class WebhookDelivery(Base):
+    """A verified webhook delivery, recorded before anything acts on it (its ID is unique).
+
+    ``summary`` holds only what the outcome consumer reads (IDs, status, error code, types and
+    times), never the message content or the contact's details that the payload carries.
+    """
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(200), unique=True)
+    event: Mapped[str] = mapped_column(String(40))
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    outcome: Mapped[str | None] = mapped_column(String(40))  # applied, ignored, stale, duplicate_status...
+
+
+class AppliedStatus(Base):
+    """(message id, status) already applied: the signature does not cover the delivery ID, and
+    the service sends duplicates under new IDs, so a status is applied once per message."""
+
+    __tablename__ = "applied_statuses"
+
+    message_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    status: Mapped[str] = mapped_column(String(20), primary_key=True)
+    applied_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

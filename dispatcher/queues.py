@@ -14,6 +14,8 @@ MAINTENANCE_QUEUE = "dispatcher.maintenance"
 
 SEND_TASK = "dispatcher.send"
 SWEEP_TASK = "dispatcher.sweep"
+OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row ID
+TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
 
 # Longer than any task can run (HTTP timeouts x retries inside one run stay far below it), so a
 # Redis broker redelivers a task only when its worker really died.
@@ -21,7 +23,11 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 3600
 
 
 def broker_transport_options(broker_url: str, *, visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S) -> dict[str, Any]:
-    options: dict[str, Any] = {"visibility_timeout": visibility_timeout_s}
+    """Transport options for the broker URL's kind.
+
+    Kombu's SQLAlchemy transport hands every transport option to ``create_engine``, which refuses
+    unknown ones, and it has no visibility timeout (a message is taken in a row lock): it gets none.
+    """
     if broker_url.startswith("sqla+"):
-        options["polling_interval"] = 0.2  # the SQL transport polls; default 1 s adds a second per hop
-    return options
+        return {}
+    return {"visibility_timeout": visibility_timeout_s}

@@ -20,7 +20,6 @@ from dispatcher.context import ACCOUNT_BUCKET, SEARCH_BUCKET, SendContext
 from dispatcher.errors import DispatcherError
 
 T = TypeVar("T")
-CONVERSATION_CLAIM_S = 60.0
 
 
 class Wait(DispatcherError):
@@ -142,9 +141,11 @@ def resolve_conversation(ctx: SendContext, *, contact_id: int, inbox_id: int, so
         link = store.conversation_link(session, **key)
         if link is not None and link.conversation_id is not None:
             return link.conversation_id
-        claimed = store.claim_conversation(session, **key, now=now, until=now + timedelta(seconds=CONVERSATION_CLAIM_S))
-    if not claimed:
-        raise Wait(1.0, "another worker is creating this conversation")
+        # The claim outlasts one createConversation call (its whole HTTP budget), no more.
+        claim_s = ctx.settings.send_lease_s / 2
+        wait_s = store.claim_conversation(session, **key, now=now, until=now + timedelta(seconds=claim_s))
+    if wait_s > 0:
+        raise Wait(wait_s + ctx.rng.uniform(0.1, 0.5), "another worker is creating this conversation")
     try:
         conversation = call_api(
             ctx, lambda: ctx.api.create_conversation(source_id=source_id, inbox_id=inbox_id, contact_id=contact_id)

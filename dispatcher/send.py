@@ -14,21 +14,30 @@ message ID and status. No Celery here: the caller turns a :class:`SendResult` in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from dispatcher import store
 from dispatcher.api import ApiError, Message
 from dispatcher.context import SendContext
 from dispatcher.errors import InvalidEvent
-from dispatcher.models import Attempt, Notification
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.retry import Decision, DecisionKind, decide
 from dispatcher.recover import find_sent_message
-from dispatcher.resolve import NotContactable, Wait, call_api, resolve_contact, resolve_conversation, resolve_source_id
+from dispatcher.resolve import (
+    NotContactable,
+    Wait,
+    call_api,
+    contact_keys,
+    resolve_contact,
+    resolve_conversation,
+    resolve_source_id,
+)
 from dispatcher.settings import Route
 from dispatcher.states import (
     AttemptState,
@@ -61,6 +70,16 @@ class SendResult:
 
 
 @dataclass(frozen=True)
+class _Target:
+    """Where the message goes: everything createMessage needs besides the body."""
+
+    inbox_id: int
+    contact_id: int
+    conversation_id: int
+    window_open: bool
+
+
+@dataclass(frozen=True)
 class _Job:
     """What the send needs from the database, read in one short transaction."""
 
@@ -77,11 +96,18 @@ class _Job:
     conversation_id: int | None
     content_hash: str | None
     in_flight_since: Any
+    no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
+    started: _Target | None = None  # the warm path: already marked in flight, send at once
+    body: dict[str, Any] | None = None
 
 
 def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
     """Bring the notification's current attempt one step nearer an accepted message."""
-    job_or_result = _load(notification_id, ctx)
+    try:
+        ctx.inboxes.warm()  # an API call at most once per cache period, never inside a transaction
+        job_or_result = _load(notification_id, ctx)
+    except ApiError as error:
+        return _apply_before_job(error, ctx)
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
@@ -97,27 +123,32 @@ def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
         return _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
 
 
+def _apply_before_job(error: ApiError, ctx: SendContext) -> SendResult:
+    decision = decide(error, tries=1, plan=ctx.plan, rng=ctx.rng)
+    if decision.pause_s > 0:
+        ctx.limiter.pause(decision.pause_s)
+    return SendResult(Outcome.RETRY, decision.reason, delay_s=max(decision.delay_s, 1.0))
+
+
 def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
+    """Read what the send needs; on the warm path (everything known), also mark it in flight."""
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        notification = store.load_notification(session, notification_id)
+        notification = store.load_for_send(session, notification_id)
         if notification is None:
             return SendResult(Outcome.SKIPPED, "no such notification")
         if notification.state not in SENDABLE_NOTIFICATION_STATES:
             return SendResult(Outcome.SKIPPED, f"notification is {notification.state}")
-        number, route_name = _current_route(notification)
+        number, route_name = _current_route(notification.fallback_decision, notification.route, notification.fallback_route)
         route = ctx.settings.routes.get(route_name)
         if route is None:
             return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
-        attempt = store.ensure_attempt(
-            session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value
+        attempt = store.open_attempt(
+            session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
         )
         if attempt.state not in SENDABLE_ATTEMPT_STATES:
             return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
-        payload = store.load_payload(session, notification.id)
-        tries = store.count_try(session, attempt.id)
-        store.touch_for_run(session, notification.id, now=now)
-        lease_active_s = (attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0
+        payload = notification.body
         job = _Job(
             notification_id=notification.id,
             attempt_id=attempt.id,
@@ -125,71 +156,117 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             attempt_state=AttemptState(attempt.state),
             route_name=route_name,
             route=route,
-            tries=tries,
+            tries=attempt.tries,
             payload=payload or {},
             drops_payload_on_acceptance=number == 2 or notification.fallback_route is None,
-            lease_active_s=lease_active_s,
+            lease_active_s=(attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0,
             conversation_id=attempt.conversation_id,
             content_hash=attempt.content_hash,
             in_flight_since=attempt.in_flight_since,
+            no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind is not None,
         )
+        if payload is None:
+            pass  # failed below, outside this transaction
+        elif job.attempt_state is AttemptState.QUEUED and job.tries <= ctx.plan.max_tries:
+            job = _start_if_known(session, job, ctx, now=now)
+        if job.started is None:
+            store.touch_for_run(session, job.notification_id, now=now)
     if payload is None:
         return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
     return job
 
 
-def _current_route(notification: Notification) -> tuple[int, str]:
-    if notification.fallback_decision == "fallback" and notification.fallback_route:
-        return 2, notification.fallback_route
-    return 1, notification.route
+def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datetime) -> _Job:
+    """The warm path: with inbox, contact, source_id and conversation all known, mark the
+    attempt in flight in the loading transaction itself (one commit before createMessage)."""
+    inbox = ctx.inboxes.cached(job.route)
+    if inbox is None:
+        return job
+    contact_id, source_id, conversation_id, window = store.cached_target(
+        session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]), inbox_id=inbox.id, now=now
+    )
+    if contact_id is None or source_id is None or conversation_id is None:
+        return job
+    target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
+    try:
+        body = _message_body(job, ctx, window_open=window)
+    except InvalidEvent:
+        return job  # the slow path fails it with the error recorded
+    if not _mark_in_flight(session, job, ctx, target, body, now=now):
+        return job
+    return replace(job, started=target, body=body)
+
+
+def _mark_in_flight(
+    session: Session, job: _Job, ctx: SendContext, target: _Target, body: dict[str, Any], *, now: datetime
+) -> bool:
+    taken = store.start_send(
+        session,
+        job.attempt_id,
+        now=now,
+        lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
+        values={
+            "inbox_id": target.inbox_id,
+            "contact_id": target.contact_id,
+            "conversation_id": target.conversation_id,
+            "content_hash": store.content_hash(body["content"]),
+        },
+    )
+    if taken:
+        store.set_notification_state(
+            session,
+            job.notification_id,
+            expected=SENDABLE_NOTIFICATION_STATES,
+            values={"state": _sending_state(job), "inbox_id": target.inbox_id, "channel": job.route.channel.value,
+                    "conversation_id": target.conversation_id, "updated_at": now, "enqueued_at": now,
+                    "next_try_at": None},
+        )
+    return taken
+
+
+def _current_route(fallback_decision: str | None, route: str, fallback_route: str | None) -> tuple[int, str]:
+    """Attempt 2 goes through the fallback route once the single decision said so."""
+    if fallback_decision == "fallback" and fallback_route:
+        return 2, fallback_route
+    return 1, route
 
 
 def _send(job: _Job, ctx: SendContext) -> SendResult:
+    if job.started is not None and job.body is not None:
+        return _create_message(job, ctx, job.started.conversation_id, job.body)
     if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
         return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
-    resend_allowed = True
     if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
         adopted = _recover(job, ctx)
         if adopted is not None:
             return adopted
-        resend_allowed = job.tries <= ctx.plan.max_tries
-    if not resend_allowed or job.tries > ctx.plan.max_tries:
+        if job.no_resend:
+            return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
+    if job.tries > ctx.plan.max_tries:
         return _fail(job, ctx, "tries_exhausted", f"{job.tries - 1} tries used")
 
     inbox = ctx.inboxes.resolve(job.route)
     if inbox is None:
         return _fail(job, ctx, "inbox_not_found", f"route {job.route_name!r} names no inbox of the workspace")
-    contact = job.payload["contact"]
-    contact_id, returned_source_id = resolve_contact(ctx, contact, inbox_id=inbox.id)
+    contact_id, returned_source_id = resolve_contact(ctx, job.payload["contact"], inbox_id=inbox.id)
     source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
     conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
-    body = _message_body(job, ctx, contact_id=contact_id, inbox_id=inbox.id)
-
-    buckets = (route_bucket(job.route_name),) if job.route.max_per_minute is not None else ()
+    with ctx.sessions() as session:
+        window = store.window_open(
+            session, account_id=ctx.settings.account_id, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()
+        )
+    body = _message_body(job, ctx, window_open=window)
+    target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        taken = store.start_send(
-            session,
-            job.attempt_id,
-            now=now,
-            lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
-            values={
-                "inbox_id": inbox.id,
-                "contact_id": contact_id,
-                "conversation_id": conversation_id,
-                "content_hash": store.content_hash(body["content"]),
-            },
-        )
-        if taken:
-            store.set_notification_state(
-                session,
-                job.notification_id,
-                expected=SENDABLE_NOTIFICATION_STATES,
-                values={"state": _sending_state(job), "inbox_id": inbox.id, "channel": job.route.channel.value,
-                        "conversation_id": conversation_id, "updated_at": now},
-            )
+        taken = _mark_in_flight(session, job, ctx, target, body, now=now)
     if not taken:
         return SendResult(Outcome.SKIPPED, "another worker holds the attempt")
+    return _create_message(job, ctx, conversation_id, body)
+
+
+def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dict[str, Any]) -> SendResult:
+    buckets = (route_bucket(job.route_name),) if job.route.max_per_minute is not None else ()
     try:
         message = call_api(ctx, lambda: ctx.api.create_message(conversation_id, **body), *buckets)
     except Wait:
@@ -204,16 +281,13 @@ def _sending_state(job: _Job) -> NotificationState:
     return NotificationState.FALLING_BACK if job.attempt_number == 2 else NotificationState.SENDING
 
 
-def _message_body(job: _Job, ctx: SendContext, *, contact_id: int, inbox_id: int) -> dict[str, Any]:
+def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str, Any]:
+    """Template or free text, as the channel and the customer-service window allow."""
     template = job.payload.get("template")
-    with ctx.sessions() as session:
-        window = store.window_open(
-            session, account_id=ctx.settings.account_id, contact_id=contact_id, inbox_id=inbox_id, now=ctx.clock()
-        )
     kind = choose_message_kind(
         channel=job.route.channel,
         template_required=job.route.template_required,
-        window_open=window,
+        window_open=window_open,
         has_template=template is not None,
     )
     body: dict[str, Any] = {"content": job.payload["content"]}
@@ -242,7 +316,10 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
     decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
     if error.ambiguous:
         # It may exist: the next run looks before it sends (state unknown skips the lease wait).
-        _set_attempt(job, ctx, expected=(AttemptState.IN_FLIGHT,), values={"state": AttemptState.UNKNOWN, "lease_until": None})
+        values: dict[str, Any] = {"state": AttemptState.UNKNOWN, "lease_until": None}
+        if not decision.resend_allowed or decision.kind is DecisionKind.GIVE_UP:
+            values["error_kind"] = decision.error_kind  # remembered: the next run looks, never resends
+        _set_attempt(job, ctx, expected=(AttemptState.IN_FLIGHT,), values=values)
         if decision.kind is DecisionKind.GIVE_UP:
             decision = Decision(DecisionKind.CHECK_THEN_RETRY, 1.0, decision.reason, decision.error_kind, resend_allowed=False)
     elif decision.kind is not DecisionKind.GIVE_UP:
@@ -267,17 +344,16 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
     now = ctx.clock()
     state = attempt_state_from_status(message.status.value if message.status else None)
     with ctx.sessions.begin() as session:
-        moved = store.update_attempt(
+        store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
+        attempt = store.accept_attempt(
             session,
             job.attempt_id,
             expected=(AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN),
-            values={"state": state, "message_id": message.id, "accepted_at": now, "status_at": now,
+            values={"state": state, "message_id": message.id, "accepted_at": now, "status_at": now, "updated_at": now,
                     "content_hash": None, "lease_until": None, "error_kind": None, "error_detail": None},
         )
-        if not moved:
+        if attempt is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
-        attempt = session.get(Attempt, job.attempt_id)
-        assert attempt is not None
         store.set_notification_state(
             session,
             job.notification_id,

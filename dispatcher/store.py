@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,29 @@ from dispatcher.models import (
 from dispatcher.states import AttemptState, NotificationState
 
 SERVICE_WINDOW = timedelta(hours=24)
+
+# The send path runs these for every notification: Core statements on the tables skip the ORM's
+# per-statement bookkeeping, and a prebuilt one skips rebuilding its expression each time.
+NOTIFICATIONS = Notification.__table__
+ATTEMPTS = Attempt.__table__
+PAYLOADS = Payload.__table__
+
+_LOAD_FOR_SEND = (
+    select(
+        NOTIFICATIONS.c.id,
+        NOTIFICATIONS.c.state,
+        NOTIFICATIONS.c.route,
+        NOTIFICATIONS.c.fallback_route,
+        NOTIFICATIONS.c.fallback_decision,
+        PAYLOADS.c.body,
+    )
+    .select_from(NOTIFICATIONS.outerjoin(PAYLOADS, PAYLOADS.c.notification_id == NOTIFICATIONS.c.id))
+    .where(NOTIFICATIONS.c.id == bindparam("notification_id"))
+)
+_ATTEMPT_COLUMNS = (
+    ATTEMPTS.c.id, ATTEMPTS.c.state, ATTEMPTS.c.tries, ATTEMPTS.c.lease_until, ATTEMPTS.c.conversation_id,
+    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind,
+)
 
 
 def identity_key(*, identifier: str | None = None, phone_number: str | None = None) -> str:
@@ -47,6 +70,21 @@ def _insert_ignoring_conflict(session: Session, model: type[Any], values: dict[s
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     session.execute(insert(model).values(**values).on_conflict_do_nothing())
+
+
+def commit_without_waiting(session: Session) -> None:
+    """Let this transaction's commit return before PostgreSQL has flushed it to disk.
+
+    Only for writes whose loss in a database crash is repaired by reading the service again:
+    the acceptance of a message (recovery finds the message in the conversation and adopts it),
+    the note that a task was published (the sweep publishes again). Never for marking a send in
+    flight: losing that could send twice. The database stays consistent either way.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_ASYNC_COMMIT)
+
+
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 
 
 # --- notifications --------------------------------------------------------------------------
@@ -130,7 +168,7 @@ def defer(session: Session, notification_id: int, *, at: datetime) -> None:
 def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
     """A task is working on the row now: the sweep leaves it alone until it goes stale."""
     session.execute(
-        update(Notification).where(Notification.id == notification_id).values(next_try_at=None, enqueued_at=now)
+        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(next_try_at=None, enqueued_at=now)
     )
 
 
@@ -138,8 +176,8 @@ def set_notification_state(
     session: Session, notification_id: int, *, expected: Iterable[str], values: dict[str, Any]
 ) -> bool:
     result = session.execute(
-        update(Notification)
-        .where(Notification.id == notification_id, Notification.state.in_(list(expected)))
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(list(expected)))
         .values(**values)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
@@ -152,7 +190,7 @@ def load_payload(session: Session, notification_id: int) -> dict[str, Any] | Non
 
 def drop_payload(session: Session, notification_id: int) -> None:
     """No further send can happen: forget the content and the contact details."""
-    session.execute(delete(Payload).where(Payload.notification_id == notification_id))
+    session.execute(delete(PAYLOADS).where(PAYLOADS.c.notification_id == notification_id))
 
 
 def recent_notifications(session: Session, *, state: str | None = None, limit: int = 50) -> list[Notification]:
@@ -171,48 +209,80 @@ def attempts_of(session: Session, notification_id: int) -> list[Attempt]:
     )
 
 
+def load_for_send(session: Session, notification_id: int) -> Row[Any] | None:
+    """The notification's routing columns and its payload, in one round trip."""
+    return session.execute(_LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
+
+
+def open_attempt(
+    session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime
+) -> Row[Any]:
+    """Create the attempt or, when it exists, count one more try: one statement either way.
+
+    The try is counted before the run does anything (arq's rule), so a crash loop ends.
+    """
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        insert(ATTEMPTS)
+        .values(notification_id=notification_id, number=number, route=route, channel=channel,
+                state=AttemptState.QUEUED, tries=1, created_at=now, updated_at=now)
+        .on_conflict_do_update(
+            index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number],
+            set_={"tries": ATTEMPTS.c.tries + 1, "updated_at": now},
+        )
+        .returning(*_ATTEMPT_COLUMNS)
+    )
+    return session.execute(statement).one()
+
+
 def ensure_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str) -> Attempt:
-    """The attempt with that number, created on first use (a racing creator's row wins)."""
+    """The attempt with that number as an ORM object, created on first use (for tools and tests)."""
     _insert_ignoring_conflict(
         session,
         Attempt,
         {"notification_id": notification_id, "number": number, "route": route, "channel": channel,
          "state": AttemptState.QUEUED, "tries": 0},
     )
-    attempt = session.scalars(
+    return session.scalars(
         select(Attempt)
         .where(Attempt.notification_id == notification_id, Attempt.number == number)
         .execution_options(populate_existing=True)
     ).one()
-    return attempt
-
-
-def count_try(session: Session, attempt_id: int) -> int:
-    """Count a run of the send task before it does anything, so a crash loop stays bounded."""
-    session.execute(update(Attempt).where(Attempt.id == attempt_id).values(tries=Attempt.tries + 1))
-    return int(session.scalar(select(Attempt.tries).where(Attempt.id == attempt_id)) or 0)
 
 
 def update_attempt(session: Session, attempt_id: int, *, expected: Iterable[str], values: dict[str, Any]) -> bool:
     """Compare-and-set on the attempt's state; True when this caller moved it."""
     result = session.execute(
-        update(Attempt).where(Attempt.id == attempt_id, Attempt.state.in_(list(expected))).values(**values)
+        update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(list(expected))).values(**values)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def accept_attempt(
+    session: Session, attempt_id: int, *, expected: Iterable[str], values: dict[str, Any]
+) -> Row[Any] | None:
+    """Compare-and-set to an accepted state; the attempt's inbox, channel and conversation, or None."""
+    return session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(list(expected)))
+        .values(**values)
+        .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
+    ).one_or_none()
 
 
 def start_send(session: Session, attempt_id: int, *, now: datetime, lease_until: datetime, values: dict[str, Any]) -> bool:
     """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease."""
     result = session.execute(
-        update(Attempt)
+        update(ATTEMPTS)
         .where(
-            Attempt.id == attempt_id,
+            ATTEMPTS.c.id == attempt_id,
             or_(
-                Attempt.state.in_([AttemptState.QUEUED, AttemptState.UNKNOWN]),
-                (Attempt.state == AttemptState.IN_FLIGHT) & (Attempt.lease_until < now),
+                ATTEMPTS.c.state.in_([AttemptState.QUEUED, AttemptState.UNKNOWN]),
+                (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
             ),
         )
-        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, in_flight_since=now, **values)
+        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, in_flight_since=now, updated_at=now, **values)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
 
@@ -271,8 +341,9 @@ def conversation_link(session: Session, *, account_id: int, contact_id: int, inb
 
 def claim_conversation(
     session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime, until: datetime
-) -> bool:
-    """Claim the right to create the pair's conversation; False while another holder's claim lasts."""
+) -> float:
+    """Claim the right to create the pair's conversation: 0.0 when claimed, else the seconds left
+    on another holder's claim (wait that long; a holder that died leaves a claim that expires)."""
     key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
     _insert_ignoring_conflict(session, ConversationLink, {**key, "conversation_id": None, "claimed_until": None})
     result = session.execute(
@@ -286,7 +357,12 @@ def claim_conversation(
         )
         .values(claimed_until=until)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return 0.0
+    link = conversation_link(session, **key)
+    if link is None or link.claimed_until is None:
+        return 0.5  # it was linked meanwhile: the next try reads it
+    return max((link.claimed_until - now).total_seconds(), 0.5)
 
 
 def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
@@ -313,6 +389,39 @@ def release_conversation_claim(session: Session, *, account_id: int, contact_id:
         )
         .values(claimed_until=None)
     )
+
+
+def cached_target(
+    session: Session, *, account_id: int, keys: Sequence[str], inbox_id: int, now: datetime
+) -> tuple[int | None, str | None, int | None, bool]:
+    """What the store already knows for a contact and inbox, in one round trip: contact_id,
+    source_id, conversation display ID, and whether the service window is open."""
+    if not keys:
+        return None, None, None, False
+    same_pair = (
+        lambda model: (model.account_id == KnownContact.account_id)
+        & (model.contact_id == KnownContact.contact_id)
+        & (model.inbox_id == inbox_id)
+    )
+    rows = session.execute(
+        select(
+            KnownContact.identity_key,
+            KnownContact.contact_id,
+            ContactInbox.source_id,
+            ConversationLink.conversation_id,
+            ServiceWindow.last_incoming_at,
+        )
+        .select_from(KnownContact)
+        .outerjoin(ContactInbox, same_pair(ContactInbox))
+        .outerjoin(ConversationLink, same_pair(ConversationLink))
+        .outerjoin(ServiceWindow, same_pair(ServiceWindow))
+        .where(KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))
+    ).all()
+    if not rows:
+        return None, None, None, False
+    row = min(rows, key=lambda found: list(keys).index(found.identity_key))  # identifier before phone
+    window = row.last_incoming_at is not None and now - row.last_incoming_at < SERVICE_WINDOW
+    return row.contact_id, row.source_id, row.conversation_id, window
 
 
 def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime) -> bool:

@@ -6,6 +6,7 @@ them fail (they are never skipped), as `scripts/test` starts both before pytest 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,19 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, dropped at the end."""
+    with _fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture()
+def fresh_postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, dropped after it."""
+    with _fresh_postgres_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _fresh_postgres_database() -> Iterator[str]:
     import sqlalchemy as sa
 
     admin_url = os.environ.get(

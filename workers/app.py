@@ -7,7 +7,7 @@ environment like everywhere else; task and queue names from :mod:`dispatcher.que
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from dispatcher.queues import (
     MAINTENANCE_QUEUE,
@@ -36,7 +36,9 @@ def create_app(settings: Settings) -> Celery:
             settings.broker_url, visibility_timeout_s=settings.broker_visibility_timeout_s
         ),
         broker_connection_retry_on_startup=True,
-        task_queues=[Queue(SEND_QUEUE), Queue(OUTCOMES_QUEUE), Queue(MAINTENANCE_QUEUE)],
+        # Each queue its own direct exchange and routing key, so a route by queue name always lands.
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)
+                     for name in (SEND_QUEUE, OUTCOMES_QUEUE, MAINTENANCE_QUEUE)],
         task_default_queue=SEND_QUEUE,
         task_routes={SEND_TASK: {"queue": SEND_QUEUE}, SWEEP_TASK: {"queue": MAINTENANCE_QUEUE}},
         # Flower reads task events; arguments are IDs only, and argsrepr says so.

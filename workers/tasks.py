@@ -6,6 +6,7 @@ Flower and the logs show nothing private.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from celery import Task
@@ -17,6 +18,8 @@ from dispatcher.sweep import sweep as run_sweep
 from workers import runtime
 from workers.app import app
 
+log = logging.getLogger(__name__)
+
 
 @app.task(name=SEND_TASK, bind=True, max_retries=None)
 def send(self: Task, notification_id: int) -> str:
@@ -24,6 +27,8 @@ def send(self: Task, notification_id: int) -> str:
     context = runtime.send_context()
     result = send_notification(int(notification_id), context)
     if result.outcome is Outcome.RETRY:
+        # The reason names operations, statuses and error kinds only: never content or contacts.
+        log.info("notification %s: retry in %.1fs (%s)", notification_id, result.delay_s, result.reason)
         if result.deferred or result.delay_s > context.plan.max_countdown_s:
             with context.sessions.begin() as session:
                 store.defer(session, int(notification_id), at=context.clock() + timedelta(seconds=result.delay_s))

@@ -7,6 +7,7 @@ the sandbox, in the conversation of its contact and inbox, and the store says so
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -210,3 +211,28 @@ def test_a_racing_duplicate_contact_resolves_to_the_existing_one(context: SendCo
     assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
     # Then the message goes to the existing contact
     assert sandbox.messages()[-1]["contact_id"] == existing_id
+
+
+def test_a_conversation_claim_left_by_a_dead_worker_is_waited_out_not_polled(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    # Given a worker that claimed the pair's conversation and died before creating it
+    first = _accept(context, reminder("evt-claim-1", identifier="pat-claim", phone="+15550300100"))
+    drive(context, first)
+    second = _accept(context, reminder("evt-claim-2", identifier="pat-claim", phone="+15550300100"))
+    now = context.clock()
+    with context.sessions.begin() as session:
+        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, first)[0].contact_id or 0, inbox_id=1)
+        assert link is not None
+        link.conversation_id = None
+        link.claimed_until = now + timedelta(seconds=20)
+    # When another notification for the pair runs, it waits for the claim to expire, in one step
+    result = send_notification(second, context)
+    assert result.outcome is Outcome.RETRY
+    assert 19 < result.delay_s < 21
+    # And once the claim has expired, it creates the conversation itself
+    with context.sessions.begin() as session:
+        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, first)[0].contact_id or 0, inbox_id=1)
+        assert link is not None
+        link.claimed_until = now - timedelta(seconds=1)
+    assert drive(context, second)[-1].outcome is Outcome.ACCEPTED

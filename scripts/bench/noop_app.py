@@ -1,0 +1,23 @@
+"""The baseline for scripts/bench/send_path.py: the dispatcher's own Celery app and settings,
+with one task that does nothing but count itself done."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from dispatcher.settings import load_settings
+from workers.app import create_app
+
+app = create_app(load_settings())
+_counter = redis.Redis.from_url(os.environ["BENCH_COUNTER_URL"])
+
+
+@app.task(name="bench.noop", ignore_result=True)
+def noop(number: int) -> None:
+    """Record the first start and count the task done: the bench reads both from Redis."""
+    _counter.set("bench:noop:first", time.time(), nx=True)
+    _counter.incr("bench:noop:done")
+    _counter.set("bench:noop:last", time.time())

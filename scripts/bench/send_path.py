@@ -1,0 +1,209 @@
+"""Warm-path sends a second (known contacts) against a no-op Celery task, in the same run.
+
+Both runs use the same broker (Redis), the same worker settings (the dispatcher's Celery app,
+prefork, the same concurrency) and the same measurement: the queue is filled while no worker
+runs, then one starts, and the rate is tasks over the time from the first task's start to the
+last task's end. The dispatcher run also reads and writes PostgreSQL and calls the sandbox over
+loopback. Intake (notify: validate, store, publish) is measured apart, from one host process.
+
+    .venv/bin/python scripts/bench/send_path.py --notifications 1000 --concurrency 2
+
+Prints JSON with both rates and their ratio (target: at least 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.support.sandbox_process import running_sandbox  # noqa: E402
+from tests.support.worker_process import dispatcher_environment  # noqa: E402
+
+ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--notifications", type=int, default=1000)
+    parser.add_argument("--contacts", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    database = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
+    database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
+    broker_url = f"{REDIS_URL}/14"
+    redis.Redis.from_url(broker_url).flushdb()
+    try:
+        with running_sandbox() as sandbox, tempfile.TemporaryDirectory() as workdir:
+            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
+            env["BENCH_COUNTER_URL"] = broker_url
+            noop_rate = _noop_rate(env, Path(workdir), args)
+            send_rate, intake_rate = _send_rate(env, Path(workdir), args)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    print(json.dumps({
+        "benchmark": "send_path (warm: known contacts)",
+        "notifications": args.notifications,
+        "worker_concurrency": args.concurrency,
+        "noop_tasks_per_s": round(noop_rate, 1),
+        "sends_per_s": round(send_rate, 1),
+        "ratio": round(send_rate / noop_rate, 3),
+        "intake_notify_per_s_one_process": round(intake_rate, 1),
+        "cpu_ms_per_send": CPU_MS_PER_SEND,
+        "target_ratio": 0.5,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }, indent=2))
+
+
+def _worker(env: dict[str, str], app: str, log: Path, concurrency: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", "dispatcher.send",
+         "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
+        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> float:
+    os.environ.update(env)
+    from celery import Celery
+
+    from dispatcher.queues import SEND_QUEUE, broker_transport_options
+
+    counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
+    counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
+    producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
+    producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
+    for number in range(args.notifications):
+        producer.send_task("bench.noop", args=[number], queue=SEND_QUEUE)
+    worker = _worker(env, "scripts.bench.noop_app", workdir / "noop.log", args.concurrency)
+    try:
+        _wait(lambda: int(counter.get("bench:noop:done") or 0) >= args.notifications, 600)
+        elapsed = float(counter.get("bench:noop:last")) - float(counter.get("bench:noop:first"))
+        return args.notifications / elapsed
+    finally:
+        _stop(worker)
+
+
+def _send_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """Warm-path sends a second by the workers, and notify() calls a second by one host process."""
+    os.environ.update(env)
+    from dispatcher.migrate import upgrade_database
+    from dispatcher.service import Dispatcher
+    from dispatcher.settings import load_settings
+
+    upgrade_database(env["DISPATCHER_DATABASE_URL"])
+    dispatcher = Dispatcher(load_settings())
+    engine = sa.create_engine(env["DISPATCHER_DATABASE_URL"])
+
+    def accepted(prefix: str) -> int:
+        with engine.connect() as connection:
+            return int(connection.execute(
+                sa.text("SELECT count(*) FROM notifications WHERE message_id IS NOT NULL AND event_id LIKE :p"),
+                {"p": f"{prefix}%"},
+            ).scalar_one())
+
+    worker = _worker(env, "workers.app", workdir / "warm.log", args.concurrency)
+    try:  # warm up: every contact known, with its source_id and conversation stored
+        for contact in range(args.contacts):
+            dispatcher.notify(_request(f"warm-{contact}", contact))
+        _wait(lambda: accepted("warm-") >= args.contacts, 300)
+    finally:
+        _stop(worker)
+    started = time.perf_counter()
+    for number in range(args.notifications):
+        dispatcher.notify(_request(f"bench-{number}", number % args.contacts))
+    intake_rate = args.notifications / (time.perf_counter() - started)
+    before = _cpu_by_component(None)
+    worker = _worker(env, "workers.app", workdir / "send.log", args.concurrency)
+    try:
+        _wait(lambda: accepted("bench-") >= args.notifications, 900)
+        after = _cpu_by_component(worker.pid)
+    finally:
+        _stop(worker)
+    CPU_MS_PER_SEND.update({name: round((after[name] - before.get(name, 0.0)) * 1000 / args.notifications, 2) for name in after})
+    with engine.connect() as connection:
+        first, last = connection.execute(sa.text(
+            "SELECT min(a.created_at), max(a.accepted_at) FROM attempts a"
+            " JOIN notifications n ON n.id = a.notification_id WHERE n.event_id LIKE 'bench-%'"
+        )).one()
+    engine.dispose()
+    return args.notifications / (last - first).total_seconds(), intake_rate
+
+
+CPU_MS_PER_SEND: dict[str, float] = {}
+
+
+def _cpu_by_component(worker_pid: int | None) -> dict[str, float]:
+    """CPU seconds used so far by the worker tree, PostgreSQL, the sandbox and Redis."""
+    import psutil
+
+    totals = {"workers": 0.0, "postgresql": 0.0, "sandbox": 0.0, "redis": 0.0}
+    if worker_pid is not None:
+        tree = psutil.Process(worker_pid)
+        for process in [tree, *tree.children(recursive=True)]:
+            times = process.cpu_times()
+            totals["workers"] += times.user + times.system
+    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        name = process.info["name"] or ""
+        command = " ".join(process.info["cmdline"] or [])
+        times = process.info["cpu_times"]
+        if times is None:
+            continue
+        used = times.user + times.system
+        if name.startswith("postgres"):
+            totals["postgresql"] += used
+        elif "-m sandbox" in command:
+            totals["sandbox"] += used
+        elif name.startswith("redis-server"):
+            totals["redis"] += used
+    return totals
+
+
+def _request(event_id: str, contact: int) -> dict[str, object]:
+    return {
+        "event_id": event_id,
+        "route": "reminders",
+        "contact": {"identifier": f"bench-patient-{contact}", "phone_number": f"+1555032{contact:04d}"},
+        "content": f"Reminder {event_id}",
+        "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                     "params": {"1": "Patient", "2": "tomorrow"}},
+    }
+
+
+def _wait(condition: object, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"benchmark timed out after {timeout_s} s")
+
+
+if __name__ == "__main__":
+    main()

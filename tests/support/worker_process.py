@@ -1,0 +1,152 @@
+"""Real Celery workers and beat as child processes, for integration tests.
+
+Every process gets the same DISPATCHER_* environment (a fresh PostgreSQL database, a Redis
+broker in a database number of its own, the sandbox's URL); their output goes to files that the
+privacy tests scan afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import redis
+
+from tests.conftest import REPO_ROOT
+
+EXAMPLE = REPO_ROOT / "config" / "dispatcher.example.toml"
+
+
+def dispatcher_environment(
+    *, api_url: str, database_url: str, broker_url: str, **overrides: str
+) -> dict[str, str]:
+    """The environment of every dispatcher process in a test: fast retries and sweeps."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DISPATCHER_") or key.startswith("DISPATCHER_TEST_")}
+    env.update(
+        {
+            "DISPATCHER_CONFIG": str(EXAMPLE),
+            "DISPATCHER_API_URL": api_url,
+            "DISPATCHER_DATABASE_URL": database_url,
+            "DISPATCHER_BROKER_URL": broker_url,
+            "DISPATCHER_HTTP_CONNECT_TIMEOUT_S": "2",
+            "DISPATCHER_HTTP_READ_TIMEOUT_S": "2",
+            "DISPATCHER_HTTP_WRITE_TIMEOUT_S": "2",
+            "DISPATCHER_HTTP_POOL_TIMEOUT_S": "1",
+            "DISPATCHER_RETRY_BASE_S": "0.2",
+            "DISPATCHER_RETRY_CAP_S": "1.5",
+            "DISPATCHER_RETRY_MAX_TRIES": "30",
+            "DISPATCHER_SWEEP_INTERVAL_S": "1",
+            "DISPATCHER_STALE_AFTER_S": "6",
+            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def fresh_broker_url(redis_url: str) -> str:
+    """A Redis database number of its own for this test, emptied first."""
+    database = random.randint(8, 15)
+    url = f"{redis_url.rstrip('/')}/{database}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@dataclass
+class ProcessGroup:
+    """Child processes started with one environment; their logs live in ``log_dir``."""
+
+    env: dict[str, str]
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _counter: int = 0
+
+    def start(self, name: str, arguments: list[str]) -> subprocess.Popen[bytes]:
+        self._counter += 1
+        log_path = self.log_dir / f"{name}-{self._counter}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, *arguments], cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.processes[name] = process
+        return process
+
+    def start_worker(self, name: str, *, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        return self.start(
+            name,
+            ["-m", "celery", "-A", "workers.app", "worker", "--queues", "dispatcher.send,dispatcher.maintenance",
+             "--concurrency", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO",
+             "--without-gossip", "--without-mingle"],
+        )
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        return self.start(
+            "beat",
+            ["-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
+             "--schedule", str(self.log_dir / "beat-schedule")],
+        )
+
+    def pool_children(self, name: str) -> list[psutil.Process]:
+        process = self.processes.get(name)
+        if process is None or process.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(process.pid).children(recursive=True)
+        return []
+
+    def stop(self, name: str, *, kill: bool = False) -> None:
+        process = self.processes.pop(name, None)
+        if process is None:
+            return
+        family: list[psutil.Process] = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            family = psutil.Process(process.pid).children(recursive=True)
+        if kill:
+            process.kill()
+        else:
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+        for child in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def logs(self) -> str:
+        return "\n".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob("*.log")))
+
+
+@contextlib.contextmanager
+def process_group(env: dict[str, str], log_dir: Path) -> Iterator[ProcessGroup]:
+    group = ProcessGroup(env=env, log_dir=log_dir)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.25, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s`` (never sleeps blindly long)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
