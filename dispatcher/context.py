@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, WorkspaceClient
+from dispatcher.enqueue import Enqueuer
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.routes import find_route_inbox
@@ -78,6 +79,7 @@ class SendContext:
     clock: Callable[[], datetime] = utcnow
     sleep: Callable[[float], None] = time.sleep
     max_inline_wait_s: float = 2.0  # a shorter limiter wait is slept through; a longer one retries the task
+    enqueuer: Enqueuer | None = None  # publishes the fallback's send task; None: the sweep publishes it
 
 
 def limits_of(settings: Settings) -> dict[str, Limit]:

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from celery import Celery
 
-from dispatcher.queues import SEND_QUEUE, SEND_TASK, broker_transport_options
+from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, SEND_QUEUE, SEND_TASK, broker_transport_options
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,18 @@ class CeleryEnqueuer:
             published.append(notification_id)
         return published
 
+    def enqueue_outcome(self, delivery_row_id: int) -> None:
+        """Publish the outcome task for one recorded webhook delivery (its row ID only)."""
+        self._app.send_task(
+            OUTCOME_TASK,
+            args=[delivery_row_id],
+            queue=OUTCOMES_QUEUE,
+            argsrepr=f"(delivery={delivery_row_id})",
+            kwargsrepr="{}",
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+        )
+
     def close(self) -> None:
         self._app.close()
 
@@ -56,8 +68,12 @@ class ListEnqueuer:
 
     def __init__(self) -> None:
         self.sent: list[int] = []
+        self.outcomes: list[int] = []
 
     def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
         ids = list(notification_ids)
         self.sent.extend(ids)
         return ids
+
+    def enqueue_outcome(self, delivery_row_id: int) -> None:
+        self.outcomes.append(delivery_row_id)

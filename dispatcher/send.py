@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from dispatcher import store
+from dispatcher import store, tracking
 from dispatcher.api import ApiError, Message
 from dispatcher.context import SendContext
 from dispatcher.errors import InvalidEvent
@@ -369,7 +369,8 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
 
 
 def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResult:
-    """End the attempt as failed with the error recorded; nothing more is sent for it."""
+    """End the attempt as failed with the error recorded; the first attempt's failure then gets
+    the single fallback decision, the fallback's ends the notification."""
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         moved = store.update_attempt(
@@ -377,16 +378,19 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResu
             job.attempt_id,
             expected=tuple(SENDABLE_ATTEMPT_STATES),
             values={"state": AttemptState.FAILED, "error_kind": error_kind, "error_detail": detail[:200],
-                    "lease_until": None, "status_at": now},
+                    "lease_until": None, "status_at": now, "updated_at": now},
         )
         if moved:
             store.set_notification_state(
                 session,
                 job.notification_id,
                 expected=SENDABLE_NOTIFICATION_STATES,
-                values={"state": NotificationState.FAILED, "delivery_state": AttemptState.FAILED.value,
-                        "error_kind": error_kind, "error_detail": detail[:200], "updated_at": now},
+                values={"error_kind": error_kind, "error_detail": detail[:200], "updated_at": now},
             )
-            store.drop_payload(session, job.notification_id)
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
+    if moved:
+        if job.attempt_number == 1:
+            tracking.decide_after_send_failure(job.notification_id, error_kind, ctx, ctx.enqueuer)
+        else:
+            tracking.end_after_fallback_failed(job.notification_id, None, ctx)
     return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

@@ -144,6 +144,12 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(default=300.0, gt=0)  # a sendable row no task touched this long is queued again
     broker_visibility_timeout_s: int = Field(default=3600, gt=0)  # Redis broker: unacked tasks come back after this
 
+    # Delivery tracking: reconciliation and the single fallback decision.
+    reconcile_after_s: float = Field(default=600.0, gt=0)  # an attempt unconfirmed this long is read back
+    fallback_codes: list[str] = Field(default_factory=lambda: ["131026"])  # external_error codes that fall back
+    no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
+    unknown_error_falls_back: bool = True  # a failure with another code, or none
+
     # Routes and the template registry.
     routes: dict[str, Route] = Field(default_factory=dict)
     templates: list[Template] = Field(default_factory=list)
@@ -197,6 +203,9 @@ class Settings(BaseSettings):
                     raise ValueError(f"routes.{name}.fallback: a route cannot fall back to itself")
                 if route.fallback not in self.routes:
                     raise ValueError(f"routes.{name}.fallback: no route named {route.fallback!r}")
+        overlap = set(self.fallback_codes) & set(self.no_fallback_codes)
+        if overlap:
+            raise ValueError(f"fallback_codes: {sorted(overlap)} also listed in no_fallback_codes")
         seen: set[tuple[str, str]] = set()
         for template in self.templates:
             key = (template.name, template.language)

@@ -62,8 +62,14 @@ def rank(state: AttemptState) -> int:
 
 
 def advance(current: AttemptState, reported: AttemptState) -> AttemptState:
-    """The state after a delivery report: the later of the two; failed stays failed."""
+    """The state after a delivery report: the later of the two; failed stays failed.
+
+    A failure reported after delivered or read contradicts what the channel already said and is
+    ignored: it must not start a fallback for a message the customer has.
+    """
     if current is AttemptState.FAILED:
+        return current
+    if reported is AttemptState.FAILED and current in (AttemptState.DELIVERED, AttemptState.READ):
         return current
     return reported if rank(reported) > rank(current) else current
 

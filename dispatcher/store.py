@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.models import (
+    AppliedStatus,
     Attempt,
     ContactInbox,
     ConversationLink,
@@ -24,6 +25,8 @@ from dispatcher.models import (
     Notification,
     Payload,
     ServiceWindow,
+    WebhookDelivery,
+    utcnow,
 )
 from dispatcher.states import AttemptState, NotificationState
 
@@ -434,3 +437,100 @@ def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id:
         )
     )
     return last is not None and now - last < SERVICE_WINDOW
+
+
+# --- delivery tracking ----------------------------------------------------------------------
+
+
+def attempt_by_message(session: Session, message_id: int, *, for_update: bool = False) -> Attempt | None:
+    """The attempt that sent this message; locked for the transaction when ``for_update``
+    (PostgreSQL), so concurrent consumers of the same message take turns."""
+    query = select(Attempt).where(Attempt.message_id == message_id).execution_options(populate_existing=True)
+    if for_update and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.scalars(query).one_or_none()
+
+
+def record_applied_status(session: Session, message_id: int, status: str) -> bool:
+    """Note that (message, status) is being applied; False when it was already."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    result = session.execute(
+        insert(AppliedStatus).values(message_id=message_id, status=status, applied_at=utcnow()).on_conflict_do_nothing()
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def open_service_window(session: Session, *, account_id: int, contact_id: int, inbox_id: int, at: datetime) -> None:
+    """Record an incoming message's time for the pair; an older report never moves it back."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(ServiceWindow).values(
+        account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[ServiceWindow.account_id, ServiceWindow.contact_id, ServiceWindow.inbox_id],
+            set_={"last_incoming_at": func.max(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)}
+            if dialect == "sqlite"
+            else {"last_incoming_at": func.greatest(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)},
+        )
+    )
+
+
+def decide_fallback_once(session: Session, notification_id: int, *, values: dict[str, Any]) -> bool:
+    """The compare-and-set behind the single fallback decision: only a row with none takes one."""
+    result = session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None))
+        .values(**values)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def mark_checked(session: Session, attempt_id: int, *, now: datetime) -> None:
+    """Reconciliation read the attempt's message: the next read waits a full period again."""
+    session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(status_at=now))
+
+
+def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[int]:
+    """First attempts through ``route`` accepted before the cut-off, still not delivered, undecided."""
+    return list(
+        session.scalars(
+            select(Attempt.notification_id)
+            .join(Notification, Notification.id == Attempt.notification_id)
+            .where(
+                Attempt.number == 1,
+                Attempt.route == route,
+                Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
+                Attempt.accepted_at < accepted_before,
+                Notification.fallback_decision.is_(None),
+            )
+            .limit(limit)
+        )
+    )
+
+
+def unprocessed_deliveries(session: Session, *, received_before: datetime, limit: int) -> list[int]:
+    """Recorded webhook deliveries whose outcome task never finished (lost with a consumer)."""
+    return list(
+        session.scalars(
+            select(WebhookDelivery.id)
+            .where(WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < received_before)
+            .order_by(WebhookDelivery.id)
+            .limit(limit)
+        )
+    )
+
+
+def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | None:
+    return session.get(WebhookDelivery, delivery_row_id)
+
+
+def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
+    result = session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_row_id, WebhookDelivery.processed_at.is_(None))
+        .values(processed_at=now, outcome=outcome[:40])
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]

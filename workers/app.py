@@ -14,7 +14,9 @@ from dispatcher.queues import (
     OUTCOMES_QUEUE,
     SEND_QUEUE,
     SEND_TASK,
+    OUTCOME_TASK,
     SWEEP_TASK,
+    TRACKING_SWEEP_TASK,
     broker_transport_options,
 )
 from dispatcher.settings import Settings, load_settings
@@ -40,7 +42,12 @@ def create_app(settings: Settings) -> Celery:
         task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)
                      for name in (SEND_QUEUE, OUTCOMES_QUEUE, MAINTENANCE_QUEUE)],
         task_default_queue=SEND_QUEUE,
-        task_routes={SEND_TASK: {"queue": SEND_QUEUE}, SWEEP_TASK: {"queue": MAINTENANCE_QUEUE}},
+        task_routes={
+            SEND_TASK: {"queue": SEND_QUEUE},
+            OUTCOME_TASK: {"queue": OUTCOMES_QUEUE},
+            SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
+            TRACKING_SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
+        },
         # Flower reads task events; arguments are IDs only, and argsrepr says so.
         worker_send_task_events=True,
         task_send_sent_event=True,
@@ -49,7 +56,12 @@ def create_app(settings: Settings) -> Celery:
                 "task": SWEEP_TASK,
                 "schedule": settings.sweep_interval_s,
                 "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 2},
-            }
+            },
+            "track": {
+                "task": TRACKING_SWEEP_TASK,
+                "schedule": settings.sweep_interval_s,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 2},
+            },
         },
         worker_hijack_root_logger=False,
     )

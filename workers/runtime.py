@@ -40,6 +40,7 @@ def send_context() -> SendContext:
             limiter=make_limiter(loaded),
             inboxes=InboxDirectory(api.list_inboxes),
             plan=retry_plan_of(loaded),
+            enqueuer=CeleryEnqueuer(loaded.broker_url),
         )
     return _context
 

@@ -12,7 +12,8 @@ from datetime import timedelta
 from celery import Task
 
 from dispatcher import store
-from dispatcher.queues import SEND_TASK, SWEEP_TASK
+from dispatcher.queues import OUTCOME_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.reconcile import process_delivery, tracking_sweep
 from dispatcher.send import Outcome, send_notification
 from dispatcher.sweep import sweep as run_sweep
 from workers import runtime
@@ -44,3 +45,16 @@ def sweep() -> int:
     return run_sweep(
         sessions=context.sessions, enqueuer=runtime.enqueuer(), stale_after_s=context.settings.stale_after_s
     )
+
+
+@app.task(name=OUTCOME_TASK, ignore_result=True)
+def outcome(delivery_row_id: int) -> str:
+    """Apply one recorded webhook delivery (at least once; (message, status) applies once)."""
+    return process_delivery(int(delivery_row_id), runtime.send_context(), runtime.enqueuer())
+
+
+@app.task(name=TRACKING_SWEEP_TASK, ignore_result=True)
+def track() -> dict[str, object]:
+    """Republish lost deliveries, reconcile unconfirmed attempts, decide on missed deadlines."""
+    report = tracking_sweep(runtime.send_context(), runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
+    return {"republished": report.republished, "reconciled": report.reconciled, "deadlines": report.deadline_decisions}

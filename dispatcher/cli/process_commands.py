@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from dispatcher.queues import MAINTENANCE_QUEUE, SEND_QUEUE
+from dispatcher.queues import MAINTENANCE_QUEUE, OUTCOMES_QUEUE, SEND_QUEUE
 
 
 @click.command("sandbox")
@@ -65,6 +65,26 @@ def worker_command(ctx: click.Context, concurrency: int, loglevel: str) -> None:
     _exec_celery(
         ["worker", "--queues", f"{SEND_QUEUE},{MAINTENANCE_QUEUE}", "--concurrency", str(concurrency),
          "--loglevel", loglevel, *ctx.args]
+    )
+
+
+@click.command("consumer", context_settings=_PASS_THROUGH)
+@click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=2, show_default=True, help="Processes.")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.pass_context
+def consumer_command(ctx: click.Context, concurrency: int, loglevel: str) -> None:
+    """Run the outcome consumer: applies webhook deliveries and makes the fallback decisions.
+
+    It serves the outcomes queue only, so a backlog of sends never delays outcomes. Further
+    options go to `celery worker` as they are.
+
+    \b
+    Examples:
+      dispatcher consumer
+      dispatcher consumer --concurrency 4 --hostname outcomes1@%h
+    """
+    _exec_celery(
+        ["worker", "--queues", OUTCOMES_QUEUE, "--concurrency", str(concurrency), "--loglevel", loglevel, *ctx.args]
     )
 
 

@@ -70,6 +70,18 @@ class ProcessGroup:
     log_dir: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _counter: int = 0
+    _worker_options: dict[str, tuple[int, str]] = field(default_factory=dict)
+    restarts: int = 0
+
+    def ensure_running(self) -> None:
+        """Act as a supervisor (systemd, a container's restart policy): start again any worker
+        that exited, for example because it was killed while it was still starting."""
+        for name, (concurrency, queues) in list(self._worker_options.items()):
+            process = self.processes.get(name)
+            if process is None or process.poll() is not None:
+                self.processes.pop(name, None)
+                self.start_worker(name, concurrency=concurrency, queues=queues)
+                self.restarts += 1
 
     def start(self, name: str, arguments: list[str]) -> subprocess.Popen[bytes]:
         self._counter += 1
@@ -82,10 +94,11 @@ class ProcessGroup:
         self.processes[name] = process
         return process
 
-    def start_worker(self, name: str, *, concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, *, concurrency: int = 2, queues: str = "dispatcher.send,dispatcher.maintenance") -> subprocess.Popen[bytes]:
+        self._worker_options[name] = (concurrency, queues)
         return self.start(
             name,
-            ["-m", "celery", "-A", "workers.app", "worker", "--queues", "dispatcher.send,dispatcher.maintenance",
+            ["-m", "celery", "-A", "workers.app", "worker", "--queues", queues,
              "--concurrency", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO",
              "--without-gossip", "--without-mingle"],
         )

@@ -173,12 +173,38 @@ def test_a_final_rejection_fails_the_attempt_and_is_not_retried(context: SendCon
         assert link is not None
         link.conversation_id = 999_999
     results = drive(context, second)
-    assert [r.outcome for r in results] == [Outcome.FAILED]
+    assert [r.outcome for r in results] == [Outcome.FAILED]  # not retried
     record = intake.status(context.sessions, "evt-404b")
-    assert record.state == "failed"
-    assert record.error_kind == "not_found"
+    assert record.attempts[0].state == "failed" and record.attempts[0].error_kind == "not_found"
+    # The first attempt failed before any message existed: the single decision falls back to SMS
+    assert record.state == "falling_back"
+    assert record.fallback_decision == "fallback" and record.fallback_reason == "send_failed (not_found)"
+    assert drive(context, second)[-1].outcome is Outcome.ACCEPTED
+    record = intake.status(context.sessions, "evt-404b")
+    assert [attempt.route for attempt in record.attempts] == ["reminders", "sms"]
+    assert record.channel == "sms" and record.inbox_id == 2
     with context.sessions() as session:
         assert store.load_payload(session, second) is None  # nothing more will be sent: content forgotten
+
+
+def test_a_final_rejection_without_a_fallback_route_fails_the_notification(context: SendContext, sandbox: SandboxProcess) -> None:
+    request = {"event_id": "evt-sms-404", "route": "sms",
+               "contact": {"identifier": "pat-sms-404", "phone_number": "+15550300110"}, "content": "Your results are ready"}
+    first = _accept(context, request)
+    drive(context, first)
+    second = _accept(context, {**request, "event_id": "evt-sms-404b"})
+    with context.sessions.begin() as session:
+        attempt = store.attempts_of(session, first)[0]
+        link = store.conversation_link(session, account_id=1, contact_id=attempt.contact_id or 0, inbox_id=2)
+        assert link is not None
+        link.conversation_id = 999_998
+    assert [r.outcome for r in drive(context, second)] == [Outcome.FAILED]
+    record = intake.status(context.sessions, "evt-sms-404b")
+    assert record.state == "failed"
+    assert record.fallback_decision == "none"
+    assert "no fallback route" in (record.fallback_reason or "")
+    with context.sessions() as session:
+        assert store.load_payload(session, second) is None
 
 
 def test_free_text_goes_out_on_sms(context: SendContext, sandbox: SandboxProcess) -> None:

@@ -183,6 +183,7 @@ def test_dropped_responses_and_killed_workers_lose_nothing_and_duplicate_nothing
         nonlocal kills
         while not stop.is_set() and kills < 30:
             time.sleep(rng.uniform(0.05, 0.4))
+            group.ensure_running()
             name = rng.choice(["w1", "w2"])
             if kills in (10, 20):  # now and then the whole worker, not just a pool process
                 group.stop(name, kill=True)
@@ -204,9 +205,10 @@ def test_dropped_responses_and_killed_workers_lose_nothing_and_duplicate_nothing
     finally:
         stop.set()
         thread.join(timeout=5)
-    # Then, once the system settles, every event has exactly one message: no loss, no duplicate
+    # Then, once the system settles (with every worker up again, as its supervisor would see to), every event has exactly one message: no loss, no duplicate
     try:
-        wait_until(lambda: _all_accepted(dispatcher, events), timeout_s=120, what="every notification accepted")
+        wait_until(lambda: group.ensure_running() or _all_accepted(dispatcher, events), timeout_s=120,
+                   what="every notification accepted")
     except AssertionError:
         stuck = [dispatcher.status(event) for event in events if dispatcher.status(event).message_id is None]
         print("stuck:", [(r.event_id, r.state, [(a.state, a.tries, a.error_kind) for a in r.attempts]) for r in stuck][:10])

@@ -1,0 +1,67 @@
+"""The tracking sweep (Celery beat): lost deliveries, unconfirmed attempts, delivery deadlines.
+
+1. Webhook deliveries recorded but never processed (their task was lost) are published again.
+2. Attempts still unconfirmed (accepted or sent) ``reconcile_after_s`` after their last news are
+   read back from the message list, so a dropped webhook never leaves an outcome unknown.
+3. First attempts not delivered by their route's ``delivery_deadline_s`` get the single fallback
+   decision (after reconciliation, so a lost "delivered" does not cause a needless fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from dispatcher import store, tracking
+from dispatcher.context import SendContext
+from dispatcher.enqueue import Enqueuer
+
+BATCH = 100
+DELIVERY_GRACE_S = 30.0  # a delivery's own task normally runs within this
+
+
+@dataclass
+class SweepReport:
+    republished: int = 0
+    reconciled: dict[str, int] = field(default_factory=dict)
+    deadline_decisions: dict[str, int] = field(default_factory=dict)
+
+
+def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
+    report = SweepReport()
+    now = ctx.clock()
+    with ctx.sessions() as session:
+        lost = store.unprocessed_deliveries(session, received_before=now - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH)
+    for delivery_row_id in lost:
+        publish_outcome(delivery_row_id)
+        report.republished += 1
+    for attempt_id in tracking.attempts_to_reconcile(ctx, limit=BATCH):
+        result = tracking.reconcile_attempt(attempt_id, ctx, enqueuer)
+        report.reconciled[result] = report.reconciled.get(result, 0) + 1
+    for name, route in ctx.settings.routes.items():
+        with ctx.sessions() as session:
+            late = store.attempts_past_deadline(
+                session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH
+            )
+        for notification_id in late:
+            result = tracking.decide_fallback(
+                notification_id, fall_back=True, reason="not delivered by the deadline", failed=False, ctx=ctx, enqueuer=enqueuer
+            )
+            report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
+    return report
+
+
+def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent)."""
+    with ctx.sessions() as session:
+        delivery = store.load_delivery(session, delivery_row_id)
+        if delivery is None:
+            return "missing"
+        if delivery.processed_at is not None:
+            return "already_processed"
+        summary = dict(delivery.summary)
+    outcome = tracking.apply_event(summary, ctx, enqueuer)
+    with ctx.sessions.begin() as session:
+        store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
+    return outcome

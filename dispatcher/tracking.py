@@ -1,0 +1,255 @@
+"""Apply delivery outcomes monotonically, and make the single fallback decision.
+
+An outcome (from a webhook, or read back from the message list) moves an attempt's state only
+forward: sent < delivered < read, failed ends it. Each (message ID, status) is applied once,
+whatever delivery ID it came under. When the first attempt fails, or is not delivered by its
+route's deadline, one decision is stored with a compare-and-set on ``fallback_decision IS NULL``:
+fall back to the fallback route, or not, with the reason. However many consumers see however
+many copies of the failure, only one decision exists, and only the winner enqueues the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from dispatcher import store
+from dispatcher.api import ApiError
+from dispatcher.context import SendContext
+from dispatcher.enqueue import Enqueuer
+from dispatcher.models import Attempt, Notification, utcnow
+from dispatcher.policy.fallback import FallbackRules, classify_failure
+from dispatcher.resolve import call_api
+from dispatcher.states import (
+    AttemptState,
+    NotificationState,
+    advance,
+    attempt_state_from_status,
+    notification_state_for,
+)
+
+log = logging.getLogger(__name__)
+
+# A send that failed before any message existed falls back, except where another route would
+# fail the same way or a person must act first.
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "payload_missing", "internal"})
+_OPEN_NOTIFICATION_STATES = tuple(
+    state for state in NotificationState if state not in (NotificationState.FAILED, NotificationState.SCHEDULED)
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    message_id: int
+    status: str | None
+    external_error: str | None
+
+
+def fallback_rules(ctx: SendContext) -> FallbackRules:
+    settings = ctx.settings
+    return FallbackRules(
+        fallback_codes=frozenset(settings.fallback_codes),
+        no_fallback_codes=frozenset(settings.no_fallback_codes),
+        unknown_falls_back=settings.unknown_error_falls_back,
+    )
+
+
+def apply_event(summary: dict[str, Any], ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Apply one webhook event summary; return what happened, as a short word for the record."""
+    event = summary.get("event")
+    if event == "message_created" and summary.get("message_type") == "incoming":
+        return open_window(summary, ctx)
+    if event not in ("message_created", "message_updated") or summary.get("message_id") is None:
+        return "ignored"
+    message_id = int(summary["message_id"])
+    with ctx.sessions() as session:
+        attempt = store.attempt_by_message(session, message_id)
+        conversation_id = attempt.conversation_id if attempt is not None else None
+    if attempt is None:
+        return "ignored_not_ours"
+    status, external_error = summary.get("status"), summary.get("external_error")
+    if status is None:
+        if event == "message_created":
+            return "ignored_no_status"  # our own message announced: nothing new to learn
+        # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
+        found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
+        if found is None or found.status is None:
+            return "no_status"
+        status, external_error = found.status, found.external_error
+    return apply_outcome(Outcome(message_id, status, external_error), ctx, enqueuer)
+
+
+def open_window(summary: dict[str, Any], ctx: SendContext) -> str:
+    """An incoming customer message opens the 24-hour customer-service window for the pair."""
+    contact_id, inbox_id = summary.get("contact_id"), summary.get("inbox_id")
+    if contact_id is None or inbox_id is None:
+        return "ignored_incoming_without_ids"
+    with ctx.sessions.begin() as session:
+        store.open_service_window(
+            session,
+            account_id=ctx.settings.account_id,
+            contact_id=int(contact_id),
+            inbox_id=int(inbox_id),
+            at=summary.get("created_at") or ctx.clock(),
+        )
+    return "window_opened"
+
+
+def read_outcome(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> Outcome | None:
+    """The message's status from the message list of its (stored) conversation."""
+    if conversation_id is None:
+        return None
+    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
+    for message in page.messages:
+        if message.id == message_id:
+            status = message.status.value if message.status is not None else None
+            return Outcome(message_id, status, message.external_error)
+    return None
+
+
+def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Move the attempt forward (never back), once per (message, status); decide on a failure."""
+    reported = attempt_state_from_status(outcome.status)
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        attempt = store.attempt_by_message(session, outcome.message_id, for_update=True)
+        if attempt is None:
+            return "ignored_not_ours"
+        if outcome.status is not None and not store.record_applied_status(session, outcome.message_id, outcome.status):
+            return "duplicate_status"
+        current = AttemptState(attempt.state)
+        new = advance(current, reported)
+        if new == current:
+            return "stale"
+        values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now}
+        if new is AttemptState.FAILED:
+            values.update(error_kind="external_error", error_detail=(outcome.external_error or "")[:200] or None)
+        if not store.update_attempt(session, attempt.id, expected=(current,), values=values):
+            return "stale"  # a concurrent outcome moved it first; its own run carries on from there
+        notification = session.get(Notification, attempt.notification_id)
+        assert notification is not None
+        current_attempt = 2 if notification.fallback_decision == "fallback" else 1
+        if attempt.number == current_attempt and new is not AttemptState.FAILED:
+            store.set_notification_state(
+                session, notification.id, expected=_OPEN_NOTIFICATION_STATES,
+                values={"state": notification_state_for(new), "delivery_state": new.value, "updated_at": now},
+            )
+        if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == current_attempt:
+            store.drop_payload(session, notification.id)  # delivered: no fallback can be needed any more
+        attempt_number, notification_id = attempt.number, notification.id
+    if new is not AttemptState.FAILED:
+        return f"applied_{new.value}"
+    if attempt_number == 2:
+        return end_after_fallback_failed(notification_id, outcome.external_error, ctx)
+    verdict = classify_failure(outcome.external_error, fallback_rules(ctx))
+    reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
+    return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx, enqueuer=enqueuer)
+
+
+def decide_after_send_failure(notification_id: int, error_kind: str, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+    """The first attempt failed before any message existed: decide once, like any failure."""
+    fall_back = error_kind not in _SEND_FAILURES_WITHOUT_FALLBACK
+    return decide_fallback(
+        notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer
+    )
+
+
+def decide_fallback(
+    notification_id: int, *, fall_back: bool, reason: str, failed: bool, ctx: SendContext, enqueuer: Enqueuer | None
+) -> str:
+    """The single fallback decision: one compare-and-set; only its winner acts on it.
+
+    ``failed``: the first attempt ended as failed (the notification fails unless it falls back);
+    otherwise it is a deadline decision on an attempt that is still only sent.
+    """
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        notification = session.get(Notification, notification_id)
+        if notification is None:
+            return "ignored"
+        if fall_back and notification.fallback_route is None:
+            fall_back, reason = False, f"{reason}; no fallback route"
+        route = ctx.settings.routes.get(notification.fallback_route or "") if fall_back else None
+        if fall_back and route is None:
+            fall_back, reason = False, f"{reason}; fallback route {notification.fallback_route!r} not configured"
+        values: dict[str, Any] = {
+            "fallback_decision": "fallback" if fall_back else "none",
+            "fallback_reason": reason[:200],
+            "fallback_decided_at": now,
+            "updated_at": now,
+        }
+        if fall_back:
+            values.update(state=NotificationState.FALLING_BACK, enqueued_at=None)
+        elif failed:
+            values.update(state=NotificationState.FAILED, delivery_state=AttemptState.FAILED.value)
+        if not store.decide_fallback_once(session, notification_id, values=values):
+            return "already_decided"
+        if fall_back:
+            assert route is not None and notification.fallback_route is not None
+            store.ensure_attempt(
+                session, notification_id=notification_id, number=2, route=notification.fallback_route,
+                channel=route.channel.value,
+            )
+        else:
+            store.drop_payload(session, notification_id)
+    log.info("notification %s: fallback decision %s (%s)", notification_id, values["fallback_decision"], reason)
+    if fall_back and enqueuer is not None:
+        published = enqueuer.enqueue_send([notification_id])
+        with ctx.sessions.begin() as session:
+            store.mark_enqueued(session, published, now=ctx.clock())
+    return "fallback" if fall_back else "no_fallback"
+
+
+def end_after_fallback_failed(notification_id: int, external_error: str | None, ctx: SendContext) -> str:
+    """The fallback failed too: the notification fails; nothing more is sent."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        store.set_notification_state(
+            session, notification_id, expected=_OPEN_NOTIFICATION_STATES,
+            values={"state": NotificationState.FAILED, "delivery_state": AttemptState.FAILED.value,
+                    "error_kind": "external_error", "error_detail": (external_error or "")[:200] or None,
+                    "updated_at": now},
+        )
+        store.drop_payload(session, notification_id)
+    return "fallback_failed"
+
+
+def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Read an unconfirmed attempt's message back and apply what the service says."""
+    with ctx.sessions() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.message_id is None:
+            return "ignored"
+        message_id, conversation_id = attempt.message_id, attempt.conversation_id
+    try:
+        found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
+    except ApiError as error:
+        log.warning("reconciling attempt %s: %s", attempt_id, type(error).__name__)
+        return "unreadable"
+    with ctx.sessions.begin() as session:
+        store.mark_checked(session, attempt_id, now=utcnow())
+    if found is None or found.status is None:
+        return "no_status"
+    return apply_outcome(found, ctx, enqueuer)
+
+
+def attempts_to_reconcile(ctx: SendContext, *, limit: int) -> list[int]:
+    from datetime import timedelta
+
+    cutoff = ctx.clock() - timedelta(seconds=ctx.settings.reconcile_after_s)
+    with ctx.sessions() as session:
+        return list(
+            session.scalars(
+                select(Attempt.id)
+                .where(
+                    Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
+                    Attempt.message_id.is_not(None),
+                    Attempt.status_at < cutoff,
+                )
+                .order_by(Attempt.status_at)
+                .limit(limit)
+            )
+        )

@@ -1,0 +1,236 @@
+"""Delivery tracking against a real sandbox process: outcomes applied monotonically, the single
+fallback decision, reconciliation of lost webhooks, the customer-service window.
+
+Events are handed to the consumer's code as the receiver records them (a summary per delivery);
+the real receiver and consumer processes are exercised in test_tracking_processes.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher import intake, store
+from dispatcher.context import SendContext
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.reconcile import tracking_sweep
+from dispatcher.request import parse_request
+from dispatcher.send import Outcome
+from dispatcher.tracking import apply_event
+from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
+from tests.support.sandbox_process import SandboxProcess, running_sandbox
+
+pytestmark = pytest.mark.integration
+
+FAST = """
+[behaviour]
+delivered_after_s = 0.05
+read_after_s = 0.05
+failed_after_s = 0.05
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxProcess]:
+    with running_sandbox(FAST) as process:
+        yield process
+
+
+@pytest.fixture()
+def enqueuer() -> ListEnqueuer:
+    return ListEnqueuer()
+
+
+def _context(sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, **overrides: Any) -> Iterator[SendContext]:
+    sandbox.reset()
+    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/tracking.sqlite", **overrides)
+    with send_context(settings) as ctx:
+        ctx.enqueuer = enqueuer
+        yield ctx
+
+
+@pytest.fixture()
+def context(sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
+    yield from _context(sandbox, tmp_path, enqueuer)
+
+
+def _send(ctx: SendContext, request: dict[str, Any]) -> int:
+    record = intake.accept(parse_request(request), sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
+    with ctx.sessions() as session:
+        notification = store.find_notification_by_event(session, record.event_id)
+        assert notification is not None
+        notification_id = notification.id
+    assert drive(ctx, notification_id)[-1].outcome is Outcome.ACCEPTED
+    return notification_id
+
+
+def _sandbox_status(sandbox: SandboxProcess, message_id: int, wanted: set[str]) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        message = next(m for m in sandbox.messages() if m["id"] == message_id)
+        if message["status"] in wanted:
+            return message
+        time.sleep(0.05)
+    raise AssertionError(f"sandbox message {message_id} never reached {wanted}")
+
+
+def _updated(message_id: int, status: str | None, external_error: str | None = None) -> dict[str, Any]:
+    return {"event": "message_updated", "message_id": message_id, "status": status, "external_error": external_error}
+
+
+def test_outcomes_move_forward_only_and_apply_once(context: SendContext, enqueuer: ListEnqueuer) -> None:
+    notification_id = _send(context, reminder("trk-1", identifier="trk-p1", phone="+15550400001"))
+    record = intake.status(context.sessions, "trk-1")
+    message_id = record.message_id
+    assert message_id is not None
+    assert apply_event(_updated(message_id, "delivered"), context, enqueuer) == "applied_delivered"
+    assert apply_event(_updated(message_id, "delivered"), context, enqueuer) == "duplicate_status"
+    assert apply_event(_updated(message_id, "sent"), context, enqueuer) == "stale"  # late, out of order
+    assert intake.status(context.sessions, "trk-1").state == "delivered"
+    assert apply_event(_updated(message_id, "read"), context, enqueuer) == "applied_read"
+    assert apply_event(_updated(message_id, "failed", "131026: x"), context, enqueuer) == "stale"  # after read
+    final = intake.status(context.sessions, "trk-1")
+    assert final.state == "read"
+    assert final.fallback_decision is None
+    with context.sessions() as session:
+        assert store.load_payload(session, notification_id) is None  # delivered: content forgotten
+    assert apply_event(_updated(987654, "delivered"), context, enqueuer) == "ignored_not_ours"
+
+
+def test_undeliverable_falls_back_exactly_once(context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer) -> None:
+    # Given a recipient the platform cannot reach (the seed fails +1555010... with 131026)
+    notification_id = _send(context, reminder("trk-fail", identifier="trk-p2", phone="+15550107002"))
+    message_id = intake.status(context.sessions, "trk-fail").message_id
+    assert message_id is not None
+    failed = _sandbox_status(sandbox, message_id, {"failed"})
+    event = _updated(message_id, "failed", failed["external_error"])
+    # When the failure arrives, again and again
+    outcomes = [apply_event(event, context, enqueuer) for _ in range(5)]
+    # Then one decision: fall back, once; the copies change nothing
+    assert outcomes[0] == "fallback"
+    assert set(outcomes[1:]) == {"duplicate_status"}
+    record = intake.status(context.sessions, "trk-fail")
+    assert record.fallback_decision == "fallback"
+    assert record.fallback_reason == "undeliverable (131026)"
+    assert record.state == "falling_back"
+    assert enqueuer.sent == [notification_id]
+    # And the fallback goes out through the same send path, on SMS, once
+    assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    assert drive(context, notification_id)[-1].outcome is Outcome.SKIPPED
+    record = intake.status(context.sessions, "trk-fail")
+    assert [(a.number, a.route, a.state) for a in record.attempts][0] == (1, "reminders", "failed")
+    assert record.attempts[1].route == "sms" and record.attempts[1].message_id is not None
+    sms_messages = [m for m in sandbox.messages() if m["inbox_id"] == 2]
+    assert len(sms_messages) == 1
+
+
+def test_template_mismatch_is_recorded_as_no_fallback(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    # Given our registry says test_results_ready takes 2 parameters, the platform approved 1
+    templates = [
+        {"name": "test_results_ready", "language": "en", "category": "UTILITY", "body_params": 2},
+    ]
+    for ctx in _context(sandbox, tmp_path, enqueuer, templates=templates):
+        request = reminder("trk-tpl", identifier="trk-p3", phone="+15550400003")
+        request["template"] = {"name": "test_results_ready", "language": "en", "category": "UTILITY",
+                               "params": {"1": "a", "2": "b"}}
+        _send(ctx, request)
+        message_id = intake.status(ctx.sessions, "trk-tpl").message_id
+        assert message_id is not None
+        failed = _sandbox_status(sandbox, message_id, {"failed"})
+        assert failed["external_error"].startswith("132000")
+        assert apply_event(_updated(message_id, "failed", failed["external_error"]), ctx, enqueuer) == "no_fallback"
+        record = intake.status(ctx.sessions, "trk-tpl")
+        assert record.state == "failed"
+        assert record.fallback_decision == "none"
+        assert record.fallback_reason == "template_misconfigured (132000)"
+        assert enqueuer.sent == []
+
+
+def test_an_event_without_status_is_read_from_the_stored_conversation(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    _send(context, reminder("trk-nostatus", identifier="trk-p4", phone="+15550400004"))
+    record = intake.status(context.sessions, "trk-nostatus")
+    assert record.message_id is not None
+    _sandbox_status(sandbox, record.message_id, {"read"})
+    # A stock payload: no status, and a conversation id that is NOT the display id
+    event = {"event": "message_updated", "message_id": record.message_id, "status": None,
+             "conversation_display_id": 999_999}
+    assert apply_event(event, context, enqueuer) == "applied_read"
+    assert intake.status(context.sessions, "trk-nostatus").state == "read"
+
+
+def test_reconciliation_brings_lost_webhooks_to_the_true_state(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
+        delivered = _send(ctx, reminder("trk-lost-ok", identifier="trk-p5", phone="+15550400005"))
+        failing = _send(ctx, reminder("trk-lost-fail", identifier="trk-p6", phone="+15550107006"))
+        for event_id in ("trk-lost-ok", "trk-lost-fail"):
+            message_id = intake.status(ctx.sessions, event_id).message_id
+            assert message_id is not None
+            _sandbox_status(sandbox, message_id, {"read", "failed"})
+        time.sleep(0.05)
+        # No webhook at all; the sweep reads the messages back
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert sum(report.reconciled.values()) >= 2
+        assert intake.status(ctx.sessions, "trk-lost-ok").state == "read"
+        lost_fail = intake.status(ctx.sessions, "trk-lost-fail")
+        assert lost_fail.attempts[0].state == "failed"
+        assert lost_fail.fallback_decision == "fallback"
+        assert enqueuer.sent == [failing]
+        assert delivered not in enqueuer.sent
+
+
+def test_an_unconfirmed_attempt_gets_the_deadline_decision(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes, reconcile_after_s=0.01):
+        # The seed leaves +1555020... at "sent" forever
+        notification_id = _send(ctx, reminder("trk-silent", identifier="trk-p7", phone="+15550207007"))
+        time.sleep(0.3)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.deadline_decisions == {"fallback": 1}
+        record = intake.status(ctx.sessions, "trk-silent")
+        assert record.attempts[0].state == "sent"  # reconciliation confirmed it is still only sent
+        assert record.fallback_decision == "fallback"
+        assert record.fallback_reason == "not delivered by the deadline"
+        assert enqueuer.sent == [notification_id]
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).deadline_decisions == {}
+
+
+def test_an_incoming_message_opens_the_window_for_free_text(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer):
+        _send(ctx, reminder("trk-win-1", identifier="trk-p8", phone="+15550400008"))
+        first = intake.status(ctx.sessions, "trk-win-1")
+        assert first.attempts[0].message_id is not None
+        contact_id = next(m for m in sandbox.messages() if m["id"] == first.message_id)["contact_id"]
+        # The customer writes in (as the receiver summarises message_created, incoming)
+        outcome = apply_event({"event": "message_created", "message_type": "incoming", "message_id": 5,
+                               "contact_id": contact_id, "inbox_id": 1, "created_at": ctx.clock()}, ctx, enqueuer)
+        assert outcome == "window_opened"
+        _send(ctx, reminder("trk-win-2", identifier="trk-p8", phone="+15550400008"))
+        second = intake.status(ctx.sessions, "trk-win-2")
+        sent = next(m for m in sandbox.messages() if m["id"] == second.message_id)
+        assert sent["template_name"] in (None, "")  # inside the window: free text
+        assert next(m for m in sandbox.messages() if m["id"] == first.message_id)["template_name"] == "appointment_reminder"
+        # A late report of an older incoming message never moves the window back
+        with ctx.sessions.begin() as session:
+            store.open_service_window(session, account_id=1, contact_id=contact_id, inbox_id=1,
+                                      at=ctx.clock() - timedelta(hours=30))
+        with ctx.sessions() as session:
+            assert store.window_open(session, account_id=1, contact_id=contact_id, inbox_id=1, now=ctx.clock())
+            # and 24 hours after the last incoming message it is closed
+            later = ctx.clock() + timedelta(hours=24, seconds=1)
+            assert not store.window_open(session, account_id=1, contact_id=contact_id, inbox_id=1, now=later)
