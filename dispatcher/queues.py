@@ -6,6 +6,7 @@ so a host that only enqueues never imports the workers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 SEND_QUEUE = "dispatcher.send"
@@ -30,4 +31,17 @@ def broker_transport_options(broker_url: str, *, visibility_timeout_s: int = DEF
     """
     if broker_url.startswith("sqla+"):
         return {}
+    if broker_url.startswith("filesystem://"):
+        # Kombu's file transport: one file a message in a folder, taken under a file lock.
+        folder = broker_url.removeprefix("filesystem://").lstrip("/") or "var/broker"
+        if broker_url.startswith("filesystem:///"):
+            folder = "/" + folder
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": folder,
+            "data_folder_out": folder,
+            "control_folder": f"{folder}/control",  # fanout (events, remote control); default: ./control
+            "store_processed": False,
+            "polling_interval": 0.1,
+        }
     return {"visibility_timeout": visibility_timeout_s}

@@ -40,7 +40,7 @@ from dispatcher.errors import ConfigurationError
 ENV_PREFIX = "DISPATCHER_"
 CONFIG_FILE_VARIABLE = "DISPATCHER_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///var/dispatcher.sqlite"
-DEFAULT_BROKER_URL = "sqla+sqlite:///var/broker.sqlite"
+DEFAULT_BROKER_URL = "filesystem://var/broker"  # see docs/embedded-broker.md
 
 _HEADER_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = Field(default=1_048_576, gt=0)
     webhook_path: str = "/webhooks/messaging"
 
+    # HTTP intake (POST /v1/notifications beside the receiver): off while no token is set.
+    intake_token: SecretStr | None = None
+    intake_max_body_bytes: int = Field(default=65_536, gt=0)
+
     # HTTP to the workspace API. Reads and writes get the same budget: the real service
     # gives up on its own side well before 30 s.
     http_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
@@ -169,6 +173,13 @@ class Settings(BaseSettings):
     def _token_present(cls, value: SecretStr) -> SecretStr:
         if not value.get_secret_value().strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator("intake_token")
+    @classmethod
+    def _intake_token_present(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters (or unset, which turns HTTP intake off)")
         return value
 
     @field_validator("webhook_secrets", mode="before")

@@ -49,7 +49,7 @@ def test_environment_overrides_the_file(env: pytest.MonkeyPatch) -> None:
 def test_defaults_need_no_server(env: pytest.MonkeyPatch) -> None:
     settings = load_settings(**REQUIRED)
     assert settings.database_url.startswith("sqlite:///")
-    assert settings.broker_url.startswith("sqla+sqlite:///")
+    assert settings.broker_url == "filesystem://var/broker"
     assert settings.webhook_header_prefix == "Service"
     assert settings.webhook_replay_window_s == 300
 

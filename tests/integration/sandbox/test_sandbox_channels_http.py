@@ -42,13 +42,17 @@ def test_outgoing_message_goes_sent_delivered_read(fast_api: Api, fast_sandbox: 
 
 
 def test_recipient_rule_fails_with_external_error_in_both_places(fast_api: Api, fast_sandbox: SandboxProcess) -> None:
-    conv = fast_api.conversation(2, phone_number="+15550101234")
-    message = fast_api.send(conv["id"], {"content": "Reminder"})
+    conv = fast_api.conversation(1, phone_number="+15550101234")
+    message = fast_api.send(conv["id"], {"content": "Reminder", "template_params": REMINDER})
     assert message.status_code == 200  # failures are reported asynchronously, like the real service
     final_message(fast_sandbox, message.json()["id"], status="failed")
     row = listed(fast_api, conv["id"], message.json()["id"])
     assert row["external_error"].startswith("131026")
     assert row["content_attributes"]["external_error"] == row["external_error"]
+    # The rule is the platform's ("not on the platform"): SMS to the same number is delivered
+    sms = fast_api.conversation(2, phone_number="+15550101235")  # same prefix, its own contact
+    delivered = fast_api.send(sms["id"], {"content": "Reminder"}).json()
+    final_message(fast_sandbox, delivered["id"], status="read")
 
 
 def test_never_confirmed_recipient_stays_sent(fast_api: Api, fast_sandbox: SandboxProcess) -> None:

@@ -58,7 +58,7 @@ def test_default_seed_is_exactly_what_the_dispatcher_example_relies_on() -> None
         ("test_results_ready", "en", "UTILITY", 1),
     }
     rules = [(r.phone_prefix, r.inbox_ids, r.effect, r.external_error) for r in cfg.recipient_rules]
-    assert rules[0] == ("+1555010", [1, 2], "fail", "131026: Message undeliverable")
+    assert rules[0] == ("+1555010", [1], "fail", "131026: Message undeliverable")
     assert rules[1][:3] == ("+1555020", [1, 2], "never_confirm")
     assert cfg.contacts == [] and cfg.faults == {}
 

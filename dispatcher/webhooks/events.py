@@ -1,0 +1,133 @@
+"""Read a verified webhook payload down to the few values the outcome consumer needs.
+
+The payload carries message content, the contact's name, phone number and e-mail, and source
+IDs (phone numbers on the business-messaging platform). None of that is kept: an
+:class:`EventSummary` holds IDs, the status, the message type, the error text (at most 200
+characters), the private flag and a time. It is what ``webhook_deliveries.summary`` stores.
+
+Tolerant reading (field notes, "Webhook deliveries in the field"):
+
+* ``status`` is absent in stock releases: None means "not reported, read the message list";
+  an unknown value reads as None too.
+* ``message_type`` is a string in payloads (``incoming``, ``outgoing``, ``template``) and an
+  integer (0..3) in API shapes: both become the name.
+* ``external_error`` is read from the top level, else from ``content_attributes``.
+* ``conversation.id`` is the display ID; ``conversation.contact_inbox.id`` is internal and is
+  never read.
+* ``created_at`` is ISO-8601 or unix seconds; both become an aware UTC datetime.
+* An ID is a positive integer below 2**63 (a digit string is accepted); anything else is None.
+
+Only ``message_created`` and ``message_updated`` are read for message fields; other events are
+kept as ``event="other"`` with every field None, so the consumer can mark them ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+MESSAGE_EVENTS = ("message_created", "message_updated")
+_STATUSES = ("sent", "delivered", "read", "failed")  # the service's enum order
+_TYPES = ("incoming", "outgoing", "activity", "template")  # 0..3
+_MAX_ID = 2**63 - 1
+ERROR_MAX_CHARS = 200
+
+
+class EventSummary(BaseModel):
+    """What one delivery says about one message; JSON-safe with ``model_dump(mode="json")``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: Literal["message_created", "message_updated", "other"]
+    message_id: int | None = None
+    status: str | None = None
+    message_type: str | None = None
+    private: bool | None = None
+    external_error: str | None = None
+    conversation_display_id: int | None = None
+    inbox_id: int | None = None
+    account_id: int | None = None
+    contact_id: int | None = None
+    created_at: datetime | None = None
+
+
+def summarize(payload: Mapping[str, Any]) -> EventSummary | None:
+    """The summary of a webhook payload, or None when it is not an event (no string ``event``)."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("event"), str):
+        return None
+    if payload["event"] not in MESSAGE_EVENTS:
+        return EventSummary(event="other")
+    conversation = _mapping(payload.get("conversation"))
+    return EventSummary(
+        event=payload["event"],
+        message_id=_id(payload.get("id")),
+        status=_choice(payload.get("status"), _STATUSES),
+        message_type=_choice(payload.get("message_type"), _TYPES),
+        private=payload.get("private") if isinstance(payload.get("private"), bool) else None,
+        external_error=_external_error(payload),
+        conversation_display_id=_id(conversation.get("id")),
+        inbox_id=_id(_mapping(payload.get("inbox")).get("id")),
+        account_id=_id(_mapping(payload.get("account")).get("id")),
+        contact_id=_contact_id(payload, conversation),
+        created_at=_time(payload.get("created_at")),
+    )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _id(value: Any) -> int | None:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_ID:
+        return value
+    return None
+
+
+def _choice(value: Any, names: tuple[str, ...]) -> str | None:
+    """A name from ``names``, given as the name (any case) or its index (int or digit string)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in names:
+            return text
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 2 else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
+        return names[value]
+    return None
+
+
+def _external_error(payload: Mapping[str, Any]) -> str | None:
+    error = payload.get("external_error")
+    if not isinstance(error, str) or not error:
+        error = _mapping(payload.get("content_attributes")).get("external_error")
+    return error[:ERROR_MAX_CHARS] if isinstance(error, str) and error else None
+
+
+def _contact_id(payload: Mapping[str, Any], conversation: Mapping[str, Any]) -> int | None:
+    """The conversation's contact: the sender of an incoming message, else the conversation's."""
+    sender = _mapping(payload.get("sender"))
+    if str(sender.get("type", "")).lower() == "contact" and _id(sender.get("id")):
+        return _id(sender.get("id"))
+    meta_sender = _mapping(_mapping(conversation.get("meta")).get("sender"))
+    if str(meta_sender.get("type", "contact")).lower() == "contact" and _id(meta_sender.get("id")):
+        return _id(meta_sender.get("id"))
+    return _id(_mapping(conversation.get("contact_inbox")).get("contact_id"))
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.isascii() and text.isdigit():
+                return datetime.fromtimestamp(int(text), UTC)
+            parsed = datetime.fromisoformat(text)
+            return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return None
