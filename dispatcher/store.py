@@ -455,10 +455,15 @@ def record_applied_status(session: Session, message_id: int, status: str) -> boo
     """Note that (message, status) is being applied; False when it was already."""
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    result = session.execute(
-        insert(AppliedStatus).values(message_id=message_id, status=status, applied_at=utcnow()).on_conflict_do_nothing()
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
+    table = AppliedStatus.__table__
+    inserted = session.execute(
+        insert(table)
+        .values(message_id=message_id, status=status, applied_at=utcnow())
+        .on_conflict_do_nothing()
+        .returning(table.c.message_id)
+    ).first()
+    return inserted is not None
 
 
 def open_service_window(session: Session, *, account_id: int, contact_id: int, inbox_id: int, at: datetime) -> None:
@@ -528,9 +533,10 @@ def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | N
 
 
 def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
+    deliveries = WebhookDelivery.__table__
     result = session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.id == delivery_row_id, WebhookDelivery.processed_at.is_(None))
+        update(deliveries)
+        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
         .values(processed_at=now, outcome=outcome[:40])
     )
     return result.rowcount == 1  # type: ignore[attr-defined]

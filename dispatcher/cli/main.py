@@ -13,6 +13,7 @@ import click
 from dispatcher.cli.config_commands import config_group, inboxes_command
 from dispatcher.cli.demo_command import demo_command
 from dispatcher.cli.notification_commands import db_group, list_command, notify_command, status_command
+from dispatcher.cli.flower_command import flower_command
 from dispatcher.cli.webhook_commands import receiver_command, webhooks_group
 from dispatcher.cli.process_commands import beat_command, consumer_command, sandbox_command, worker_command
 from dispatcher.errors import DispatcherError
@@ -50,7 +51,7 @@ cli.add_command(sandbox_command)
 cli.add_command(config_group)
 cli.add_command(inboxes_command)
 for command in (notify_command, status_command, list_command, db_group, worker_command, consumer_command, beat_command,
-                receiver_command, webhooks_group):
+                receiver_command, webhooks_group, flower_command):
     cli.add_command(command)
 
 

@@ -29,6 +29,7 @@ from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, broker_transport_opt
 
 Publish = Callable[[int], None]
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_TABLE = WebhookDelivery.__table__
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +48,14 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
     rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at}
             for index, d in enumerate(deliveries) if first[d.delivery_id] == index]
     with sessions() as session:
-        dialect = session.get_bind().dialect.name
+        connection = session.connection()
+        dialect = connection.dialect.name
         if dialect not in _INSERTS:
             raise ConfigurationError("DISPATCHER_DATABASE_URL", f"the receiver needs SQLite or PostgreSQL, not {dialect}")
-        statement = (_INSERTS[dialect](WebhookDelivery).values(rows)
-                     .on_conflict_do_nothing(index_elements=["delivery_id"])
-                     .returning(WebhookDelivery.id, WebhookDelivery.delivery_id))
-        inserted = {delivery_id: row_id for row_id, delivery_id in session.execute(statement)}
+        # Core executemany: compiled once and cached, sent as multi-row VALUES ("insertmanyvalues").
+        statement = (_INSERTS[dialect](_TABLE).on_conflict_do_nothing(index_elements=["delivery_id"])
+                     .returning(_TABLE.c.id, _TABLE.c.delivery_id))
+        inserted = {delivery_id: row_id for row_id, delivery_id in connection.execute(statement, rows)}
         session.commit()
     return [inserted.get(d.delivery_id) if first[d.delivery_id] == index else None
             for index, d in enumerate(deliveries)]

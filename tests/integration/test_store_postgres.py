@@ -1,0 +1,45 @@
+"""Store operations whose answer depends on the database driver, checked on PostgreSQL itself
+(SQLite answers some of them differently: psycopg 3 gives no row count for INSERT ... ON CONFLICT)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dispatcher import store
+from dispatcher.db import make_engine, session_factory
+from dispatcher.migrate import upgrade_database
+
+pytestmark = pytest.mark.integration
+
+
+def test_applied_status_is_new_once_then_known(fresh_postgres_url: str) -> None:
+    upgrade_database(fresh_postgres_url)
+    engine = make_engine(fresh_postgres_url)
+    sessions = session_factory(engine)
+    try:
+        with sessions.begin() as session:
+            assert store.record_applied_status(session, 41, "delivered") is True
+            assert store.record_applied_status(session, 41, "delivered") is False
+            assert store.record_applied_status(session, 41, "read") is True
+        with sessions.begin() as session:
+            assert store.record_applied_status(session, 41, "read") is False
+    finally:
+        engine.dispose()
+
+
+def test_the_service_window_only_moves_forward(fresh_postgres_url: str) -> None:
+    upgrade_database(fresh_postgres_url)
+    engine = make_engine(fresh_postgres_url)
+    sessions = session_factory(engine)
+    now = datetime.now(UTC)
+    try:
+        with sessions.begin() as session:
+            store.open_service_window(session, account_id=1, contact_id=2, inbox_id=3, at=now)
+            store.open_service_window(session, account_id=1, contact_id=2, inbox_id=3, at=now - timedelta(hours=30))
+        with sessions() as session:
+            assert store.window_open(session, account_id=1, contact_id=2, inbox_id=3, now=now + timedelta(hours=23))
+            assert not store.window_open(session, account_id=1, contact_id=2, inbox_id=3, now=now + timedelta(hours=25))
+    finally:
+        engine.dispose()

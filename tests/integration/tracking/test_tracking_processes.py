@@ -1,0 +1,227 @@
+"""Delivery tracking with every part real: the sandbox delivers signed webhooks to the receiver
+process, two consumer processes apply them, a send worker sends (and sends fallbacks), beat runs
+the sweeps; Redis is the broker, PostgreSQL the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dispatcher.api import WorkspaceClient
+from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.migrate import upgrade_database
+from dispatcher.service import Dispatcher
+from dispatcher.settings import Settings
+from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
+from tests.support.worker_process import ProcessGroup, dispatcher_environment, fresh_broker_url, process_group, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+BEHAVIOUR = """
+[behaviour]
+delivered_after_s = 0.2
+read_after_s = 0.3
+failed_after_s = 0.1
+"""
+UNRULY_WEBHOOKS = BEHAVIOUR + """
+[webhooks]
+delay_s = 0.05
+duplicate_share = 0.3
+reorder_share = 0.3
+reorder_hold_s = 0.5
+"""
+NO_WEBHOOKS = BEHAVIOUR + """
+[webhooks]
+drop_share = 1.0
+"""
+# Our registry claims test_results_ready takes 2 body parameters; the platform approved 1.
+TEMPLATES = [
+    {"name": "appointment_reminder", "language": "en", "category": "UTILITY", "body_params": 2},
+    {"name": "test_results_ready", "language": "en", "category": "UTILITY", "body_params": 2},
+]
+
+
+def _routes(deadline_s: float) -> str:
+    routes = example_settings(api_url="http://x").model_dump(mode="json")["routes"]
+    routes["reminders"]["delivery_deadline_s"] = deadline_s
+    return json.dumps(routes)
+
+
+class Stack:
+    def __init__(self, group: ProcessGroup, dispatcher: Dispatcher, receiver_url: str, secret: str) -> None:
+        self.group, self.dispatcher, self.receiver_url, self.secret = group, dispatcher, receiver_url, secret
+
+    def status(self, event_id: str) -> Any:
+        return self.dispatcher.status(event_id)
+
+
+@pytest.fixture()
+def stack_factory(
+    fresh_postgres_url: str, redis_url: str, tmp_path: Path, clean_environment: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    opened: list[Any] = []
+
+    def open_stack(sandbox: SandboxProcess, *, consumers: int = 2, **overrides: str) -> Stack:
+        broker_url = fresh_broker_url(redis_url)
+        upgrade_database(fresh_postgres_url)
+        receiver_port = free_port()
+        env = dispatcher_environment(
+            api_url=sandbox.base_url, database_url=fresh_postgres_url, broker_url=broker_url,
+            DISPATCHER_TEMPLATES=json.dumps(TEMPLATES), **overrides,
+        )
+        settings = _settings(env)
+        with WorkspaceClient.from_settings(settings) as client:
+            webhook = client.create_webhook(
+                url=f"http://127.0.0.1:{receiver_port}{settings.webhook_path}", subscriptions=["message_created", "message_updated"]
+            )
+        assert webhook.secret is not None
+        env["DISPATCHER_WEBHOOK_SECRETS"] = webhook.secret.get_secret_value()
+        context = process_group(env, tmp_path)
+        group = context.__enter__()
+        opened.append(context)
+        group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1", "--port", str(receiver_port)])
+        group.start_worker("sender", concurrency=2)
+        for number in range(consumers):
+            group.start_worker(f"consumer{number}", concurrency=2, queues="dispatcher.outcomes")
+        group.start_beat()
+        wait_until(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz"), timeout_s=30, what="the receiver")
+        dispatcher = Dispatcher(settings, enqueuer=CeleryEnqueuer(broker_url))
+        return Stack(group, dispatcher, f"http://127.0.0.1:{receiver_port}{settings.webhook_path}",
+                     webhook.secret.get_secret_value())
+
+    yield open_stack
+    for context in opened:
+        context.__exit__(None, None, None)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _settings(env: dict[str, str]) -> Settings:
+    overrides: dict[str, Any] = {key.removeprefix("DISPATCHER_").lower(): value for key, value in env.items()
+                                 if key.startswith("DISPATCHER_") and key != "DISPATCHER_CONFIG"
+                                 and not key.startswith("DISPATCHER_TEST_")}
+    for key in ("templates", "routes"):
+        if key in overrides:
+            overrides[key] = json.loads(overrides[key])
+    return example_settings(**overrides)
+
+
+def _results_request(event_id: str, identifier: str, phone: str) -> dict[str, Any]:
+    request = reminder(event_id, identifier=identifier, phone=phone)
+    request["template"] = {"name": "test_results_ready", "language": "en", "category": "UTILITY",
+                           "params": {"1": "Test Patient", "2": "today"}}
+    return request
+
+
+def _sms_messages_for(sandbox: SandboxProcess, event_id: str) -> int:
+    return sum(1 for m in sandbox.messages() if m["inbox_id"] == 2 and (m.get("content") or "").startswith(f"Reminder {event_id}:"))
+
+
+def test_every_outcome_ends_in_its_state_with_unruly_webhooks(stack_factory: Any) -> None:
+    with running_sandbox(UNRULY_WEBHOOKS) as sandbox:
+        stack = stack_factory(sandbox, DISPATCHER_ROUTES=_routes(4.0))
+        # Given recipients the sandbox delivers, fails with 131026, fails with 132000 and never confirms
+        stack.dispatcher.notify(reminder("ok-1", identifier="t-ok-1", phone="+15550501001"))
+        stack.dispatcher.notify(reminder("ok-2", identifier="t-ok-2", phone="+15550501002"))
+        stack.dispatcher.notify(reminder("undeliverable", identifier="t-131026", phone="+15550107101"))
+        stack.dispatcher.notify(_results_request("template", "t-132000", "+15550501003"))
+        stack.dispatcher.notify(reminder("silent", identifier="t-silent", phone="+15550207102"))
+        expected = {
+            "ok-1": ("read", None),
+            "ok-2": ("read", None),
+            "undeliverable": ("read", "fallback"),  # on SMS, after exactly one fallback
+            "template": ("failed", "none"),
+            "silent": ("sent", "fallback"),  # the deadline passed; SMS to it is never confirmed either
+        }
+
+        def settled() -> bool:
+            stack.group.ensure_running()
+            return all((stack.status(event).state, stack.status(event).fallback_decision) == want
+                       for event, want in expected.items())
+
+        try:
+            wait_until(settled, timeout_s=90, what="every notification in its final state")
+        finally:
+            print({event: (stack.status(event).state, stack.status(event).fallback_reason) for event in expected})
+        assert stack.status("undeliverable").fallback_reason == "undeliverable (131026)"
+        assert stack.status("template").fallback_reason == "template_misconfigured (132000)"
+        assert stack.status("silent").fallback_reason == "not delivered by the deadline"
+        time.sleep(1.0)  # late duplicates and held-back deliveries arrive now
+        assert _sms_messages_for(sandbox, "undeliverable") == 1
+        assert _sms_messages_for(sandbox, "silent") == 1
+        assert _sms_messages_for(sandbox, "ok-1") == 0
+        webhooks = sandbox.stats()["webhooks"]
+        assert webhooks.get("duplicated", 0) > 0 and webhooks.get("reordered", 0) > 0, webhooks
+
+
+def test_a_hundred_copies_of_one_failure_to_two_consumers_make_one_decision(stack_factory: Any) -> None:
+    with running_sandbox(BEHAVIOUR) as sandbox:
+        stack = stack_factory(sandbox, consumers=2)
+        stack.dispatcher.notify(reminder("storm", identifier="t-storm", phone="+15550107201"))
+        wait_until(lambda: stack.status("storm").message_id is not None, timeout_s=30, what="the first send")
+        message_id = stack.status("storm").message_id
+        # 100 copies of the failure event, each under its own delivery ID, all at once
+        body = json.dumps({"event": "message_updated", "id": message_id, "status": "failed",
+                           "message_type": "outgoing", "content_attributes": {"external_error": "131026: Message undeliverable"},
+                           "conversation": {"id": stack.status("storm").conversation_id}}).encode()
+        barrier = threading.Barrier(20)
+        answers: list[int] = []
+
+        def post(copies: range) -> None:
+            with httpx.Client(timeout=10) as client:
+                barrier.wait()
+                for copy in copies:
+                    timestamp = str(int(time.time()))
+                    signature = hmac.new(stack.secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+                    response = client.post(stack.receiver_url, content=body, headers={
+                        "Content-Type": "application/json", "X-Service-Delivery": f"storm-{copy}",
+                        "X-Service-Timestamp": timestamp, "X-Service-Signature": f"sha256={signature}"})
+                    answers.append(response.status_code)
+
+        threads = [threading.Thread(target=post, args=(range(n * 5, n * 5 + 5),)) for n in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert Counter(answers) == {200: 100}
+        wait_until(lambda: stack.status("storm").state == "read", timeout_s=60, what="the fallback delivered")
+        time.sleep(1.0)
+        record = stack.status("storm")
+        assert record.fallback_decision == "fallback"
+        assert [attempt.route for attempt in record.attempts] == ["reminders", "sms"]
+        assert _sms_messages_for(sandbox, "storm") == 1
+        consumer_logs = stack.group.logs()
+        assert consumer_logs.count("'fallback'") == 1, "exactly one consumer run made the decision"
+
+
+def test_with_every_webhook_dropped_reconciliation_finds_the_truth(stack_factory: Any) -> None:
+    with running_sandbox(NO_WEBHOOKS) as sandbox:
+        stack = stack_factory(sandbox, consumers=1, DISPATCHER_RECONCILE_AFTER_S="1")
+        stack.dispatcher.notify(reminder("quiet-ok", identifier="t-q1", phone="+15550501101"))
+        stack.dispatcher.notify(reminder("quiet-fail", identifier="t-q2", phone="+15550107301"))
+
+        def settled() -> bool:
+            return stack.status("quiet-ok").state == "read" and stack.status("quiet-fail").state == "read"
+
+        wait_until(settled, timeout_s=90, what="reconciliation to find every true state")
+        assert sandbox.stats()["webhooks"].get("dropped", 0) > 0
+        assert stack.status("quiet-fail").fallback_decision == "fallback"
+        assert stack.status("quiet-fail").attempts[0].state == "failed"
+        assert _sms_messages_for(sandbox, "quiet-fail") == 1
