@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from dispatcher import store, tracking
+from dispatcher import metrics, store, tracking
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
 
@@ -62,6 +62,7 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
             return "already_processed"
         summary = dict(delivery.summary)
     outcome = tracking.apply_event(summary, ctx, enqueuer)
+    metrics.OUTCOMES.labels(result=outcome).inc()
     with ctx.sessions.begin() as session:
         store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
     return outcome

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from dispatcher import store, tracking
+from dispatcher import metrics, store, tracking
 from dispatcher.api import ApiError, Message
 from dispatcher.context import SendContext
 from dispatcher.errors import InvalidEvent
@@ -97,6 +97,7 @@ class _Job:
     content_hash: str | None
     in_flight_since: Any
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
+    created_at: datetime | None = None  # when the notification was stored, for the latency metric
     started: _Target | None = None  # the warm path: already marked in flight, send at once
     body: dict[str, Any] | None = None
 
@@ -164,6 +165,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             content_hash=attempt.content_hash,
             in_flight_since=attempt.in_flight_since,
             no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind is not None,
+            created_at=notification.created_at,
         )
         if payload is None:
             pass  # failed below, outside this transaction
@@ -365,6 +367,8 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
         )
         if job.drops_payload_on_acceptance:
             store.drop_payload(session, job.notification_id)
+    if job.created_at is not None:
+        metrics.SEND_LATENCY.observe(max((now - job.created_at).total_seconds(), 0.0))
     return SendResult(outcome, message_id=message.id)
 
 

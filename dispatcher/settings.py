@@ -154,6 +154,14 @@ class Settings(BaseSettings):
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
     unknown_error_falls_back: bool = True  # a failure with another code, or none
 
+    # Retention: per-send records older than this are deleted by the periodic retention task.
+    retention_days: float = Field(default=30.0, gt=0)
+    retention_interval_s: float = Field(default=3600.0, gt=0)
+
+    # Metrics: a Prometheus endpoint on the workers (the receiver serves /metrics on its own port).
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
+
     # Routes and the template registry.
     routes: dict[str, Route] = Field(default_factory=dict)
     templates: list[Template] = Field(default_factory=list)

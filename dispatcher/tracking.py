@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from dispatcher import store
+from dispatcher import metrics, store
 from dispatcher.api import ApiError
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
@@ -196,6 +196,7 @@ def decide_fallback(
         else:
             store.drop_payload(session, notification_id)
     log.info("notification %s: fallback decision %s (%s)", notification_id, values["fallback_decision"], reason)
+    metrics.FALLBACK_DECISIONS.labels(decision=values["fallback_decision"]).inc()
     if fall_back and enqueuer is not None:
         published = enqueuer.enqueue_send([notification_id])
         with ctx.sessions.begin() as session:

@@ -15,6 +15,7 @@ from dispatcher.queues import (
     SEND_QUEUE,
     SEND_TASK,
     OUTCOME_TASK,
+    RETENTION_TASK,
     SWEEP_TASK,
     TRACKING_SWEEP_TASK,
     broker_transport_options,
@@ -47,6 +48,7 @@ def create_app(settings: Settings) -> Celery:
             OUTCOME_TASK: {"queue": OUTCOMES_QUEUE},
             SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             TRACKING_SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
+            RETENTION_TASK: {"queue": MAINTENANCE_QUEUE},
         },
         # Flower reads task events; arguments are IDs only, and argsrepr says so.
         worker_send_task_events=True,
@@ -61,6 +63,11 @@ def create_app(settings: Settings) -> Celery:
                 "task": TRACKING_SWEEP_TASK,
                 "schedule": settings.sweep_interval_s,
                 "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 2},
+            },
+            "retention": {
+                "task": RETENTION_TASK,
+                "schedule": settings.retention_interval_s,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.retention_interval_s},
             },
         },
         worker_hijack_root_logger=False,

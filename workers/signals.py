@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 from dispatcher.api.client import quiet_http_logging
 from dispatcher.db import dispose_after_fork
@@ -16,3 +16,25 @@ def _after_fork(**_: object) -> None:
     dispose_after_fork()
     quiet_http_logging()
     logging.getLogger("dispatcher").setLevel(logging.INFO)
+
+
+@worker_ready.connect
+def _serve_metrics(**_: object) -> None:
+    # In the main process, after the pool started: one endpoint summing every child's metrics.
+    from workers import runtime
+
+    settings = runtime.settings()
+    if settings.metrics_port is not None:
+        from dispatcher.metrics import serve_worker_metrics
+
+        serve_worker_metrics(settings.metrics_port, host=settings.metrics_host, sessions=runtime.send_context().sessions)
+
+
+@worker_process_shutdown.connect
+def _forget_child_metrics(pid: int | None = None, **_: object) -> None:
+    import os
+
+    if pid is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)

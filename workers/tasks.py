@@ -12,7 +12,9 @@ from datetime import timedelta
 from celery import Task
 
 from dispatcher import store
-from dispatcher.queues import OUTCOME_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.metrics import SEND_RESULTS
+from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.retention import purge
 from dispatcher.reconcile import process_delivery, tracking_sweep
 from dispatcher.send import Outcome, send_notification
 from dispatcher.sweep import sweep as run_sweep
@@ -27,6 +29,7 @@ def send(self: Task, notification_id: int) -> str:
     """Send one notification's current attempt (at least once; at most one message)."""
     context = runtime.send_context()
     result = send_notification(int(notification_id), context)
+    SEND_RESULTS.labels(result=result.outcome.value).inc()
     if result.outcome is Outcome.RETRY:
         # The reason names operations, statuses and error kinds only: never content or contacts.
         log.info("notification %s: retry in %.1fs (%s)", notification_id, result.delay_s, result.reason)
@@ -58,3 +61,11 @@ def track() -> dict[str, object]:
     """Republish lost deliveries, reconcile unconfirmed attempts, decide on missed deadlines."""
     report = tracking_sweep(runtime.send_context(), runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
     return {"republished": report.republished, "reconciled": report.reconciled, "deadlines": report.deadline_decisions}
+
+
+@app.task(name=RETENTION_TASK, ignore_result=True)
+def retain() -> dict[str, int]:
+    """Delete notifications, attempts and webhook records older than the retention period."""
+    context = runtime.send_context()
+    report = purge(context.sessions, retention_days=context.settings.retention_days, now=context.clock())
+    return vars(report)

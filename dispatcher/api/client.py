@@ -29,6 +29,7 @@ import httpx
 from pydantic import SecretStr
 
 from dispatcher.api.errors import ApiError, Context, UnexpectedResponse, map_errors
+from dispatcher.metrics import API_ERRORS
 from dispatcher.api.records import (ContactCreated, ContactInbox, Conversation, ConversationPage,
                                     Inbox, Message, MessagePage, SearchPage, Webhook, parse_list)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -48,6 +49,15 @@ def _exec_celery(arguments: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "celery", "-A", "workers.app", *arguments])
 
 
+def _prepare_metrics() -> None:
+    """With metrics on, prefork children must write them where the main process sums them: the
+    folder has to be known before any process imports prometheus_client."""
+    from dispatcher.settings import load_settings
+
+    if load_settings().metrics_port is not None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatcher-metrics-")
+
+
 @click.command("worker", context_settings=_PASS_THROUGH)
 @click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=2, show_default=True, help="Processes.")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
@@ -62,6 +72,7 @@ def worker_command(ctx: click.Context, concurrency: int, loglevel: str) -> None:
       dispatcher worker
       dispatcher worker --concurrency 4 --hostname send1@%h
     """
+    _prepare_metrics()
     _exec_celery(
         ["worker", "--queues", f"{SEND_QUEUE},{MAINTENANCE_QUEUE}", "--concurrency", str(concurrency),
          "--loglevel", loglevel, *ctx.args]
@@ -83,6 +94,7 @@ def consumer_command(ctx: click.Context, concurrency: int, loglevel: str) -> Non
       dispatcher consumer
       dispatcher consumer --concurrency 4 --hostname outcomes1@%h
     """
+    _prepare_metrics()
     _exec_celery(
         ["worker", "--queues", OUTCOMES_QUEUE, "--concurrency", str(concurrency), "--loglevel", loglevel, *ctx.args]
     )

@@ -1,0 +1,73 @@
+"""Prometheus metrics: what operators watch besides Flower.
+
+Labels carry kinds, states, verdicts and operation names only: never IDs, phones or content.
+Counters and histograms live in the process that observes them; Celery's prefork children write
+them to files under ``PROMETHEUS_MULTIPROC_DIR`` (set by ``dispatcher worker`` before the
+children start) and the worker's main process serves the sum (:func:`serve_worker_metrics`).
+The number of notifications by state is read from the store at scrape time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+SEND_LATENCY = Histogram(
+    "dispatcher_send_latency_seconds",
+    "From intake (the notification stored) to the workspace accepting the message.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+SEND_RESULTS = Counter("dispatcher_send_results_total", "Runs of the send task by result.", ["result"])
+API_ERRORS = Counter("dispatcher_api_errors_total", "Workspace API errors by kind and operation.", ["kind", "operation"])
+WEBHOOK_VERDICTS = Counter("dispatcher_webhook_verdicts_total", "Webhook deliveries by verdict.", ["verdict"])
+FALLBACK_DECISIONS = Counter("dispatcher_fallback_decisions_total", "Single fallback decisions taken.", ["decision"])
+OUTCOMES = Counter("dispatcher_outcomes_total", "Webhook outcomes applied, by result.", ["result"])
+
+__all__ = [
+    "API_ERRORS", "CONTENT_TYPE_LATEST", "FALLBACK_DECISIONS", "OUTCOMES", "SEND_LATENCY", "SEND_RESULTS",
+    "WEBHOOK_VERDICTS", "NotificationStates", "render", "serve_worker_metrics",
+]
+
+
+class NotificationStates(Collector):
+    """``dispatcher_notifications{state}``: counted in the store when scraped."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from dispatcher.models import Notification
+
+        family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
+        with self._sessions() as session:
+            for state, count in session.execute(select(Notification.state, func.count()).group_by(Notification.state)):
+                family.add_metric([state], count)
+        yield family
+
+
+def render(*extra: Collector) -> bytes:
+    """This process's metrics, plus extra collectors, in the Prometheus text format."""
+    registry = CollectorRegistry()
+    for collector in (REGISTRY, *extra):
+        registry.register(collector)
+    return generate_latest(registry)
+
+
+def serve_worker_metrics(port: int, *, host: str, sessions: sessionmaker[Session] | None = None) -> None:
+    """Serve the worker's metrics, summed over its prefork children, on ``host:port``."""
+    from prometheus_client import multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(REGISTRY)
+    if sessions is not None:
+        registry.register(NotificationStates(sessions))
+    start_http_server(port, addr=host, registry=registry)
