@@ -40,10 +40,18 @@ SANDBOX = _block(".venv/bin/dispatcher sandbox")
 EMBEDDED = _block("export DISPATCHER_CONFIG=")
 CONFIG = _block("DISPATCHER_CONFIG=config/dispatcher.example.toml .venv/bin/dispatcher config check")
 COMMANDS = _block(".venv/bin/dispatcher demo")
+HELP_ONLY = _block(".venv/bin/dispatcher inboxes --help")
 
 
 def test_every_readme_block_is_checked_here() -> None:
-    assert sorted(BLOCKS) == sorted([SETUP, SANDBOX, EMBEDDED, CONFIG, COMMANDS])
+    assert sorted(BLOCKS) == sorted([SETUP, SANDBOX, EMBEDDED, CONFIG, COMMANDS, HELP_ONLY])
+
+
+def test_the_help_block_runs_as_written(workdir: Path) -> None:
+    for line in HELP_ONLY.splitlines():
+        result = _run(line, workdir, _environment())
+        assert result.returncode == 0, (line, result.stderr)
+        assert "Example" in result.stdout, line
 
 
 @pytest.fixture()
@@ -145,8 +153,9 @@ def test_commands_block(workdir: Path, readme_sandbox: str) -> None:
 
 
 def test_help_of_every_command_named_in_the_readme(workdir: Path) -> None:
-    named = set(re.findall(r"`(sandbox|worker|beat|notify|status|list|db upgrade|config check|demo|inboxes)`", README))
-    assert {"worker", "beat", "notify", "status", "list", "db upgrade", "config check"} <= named
+    commands = "sandbox|worker|consumer|receiver|beat|flower|notify|status|list|webhooks register|db upgrade|config check|demo|inboxes"
+    named = set(re.findall(rf"`({commands})`", README))
+    assert set(commands.split("|")) == named, "the README names every command"
     for command in named:
         result = _run(f".venv/bin/dispatcher {command} --help", workdir, _environment())
         assert result.returncode == 0, (command, result.stderr)
