@@ -32,15 +32,7 @@ class CeleryEnqueuer:
         published = []
         for notification_id in notification_ids:
             try:
-                self._app.send_task(
-                    SEND_TASK,
-                    args=[notification_id],
-                    queue=SEND_QUEUE,
-                    argsrepr=f"(notification={notification_id})",
-                    kwargsrepr="{}",
-                    retry=True,
-                    retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
-                )
+                self._publish(SEND_TASK, SEND_QUEUE, notification_id, shown=f"(notification={notification_id})")
             except Exception as error:  # the broker is down: the sweep publishes the row later
                 log.warning("could not enqueue notification %s (%s); the sweep will", notification_id, type(error).__name__)
                 continue
@@ -49,11 +41,15 @@ class CeleryEnqueuer:
 
     def enqueue_outcome(self, delivery_row_id: int) -> None:
         """Publish the outcome task for one recorded webhook delivery (its row ID only)."""
+        self._publish(OUTCOME_TASK, OUTCOMES_QUEUE, delivery_row_id, shown=f"(delivery={delivery_row_id})")
+
+    def _publish(self, task: str, queue: str, row_id: int, *, shown: str) -> None:
+        # argsrepr is what Flower and the worker log display: the ID, said plainly.
         self._app.send_task(
-            OUTCOME_TASK,
-            args=[delivery_row_id],
-            queue=OUTCOMES_QUEUE,
-            argsrepr=f"(delivery={delivery_row_id})",
+            task,
+            args=[row_id],
+            queue=queue,
+            argsrepr=shown,
             kwargsrepr="{}",
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},

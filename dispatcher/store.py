@@ -314,7 +314,7 @@ def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], 
 def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> str | None:
     return session.scalar(
         select(ContactInbox.source_id).where(
-            ContactInbox.account_id == account_id, ContactInbox.contact_id == contact_id, ContactInbox.inbox_id == inbox_id
+            _same_pair(ContactInbox, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
 
@@ -334,13 +334,13 @@ def remember_source_id(session: Session, *, account_id: int, contact_id: int, in
 def conversation_link(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> ConversationLink | None:
     return session.scalars(
         select(ConversationLink)
-        .where(
-            ConversationLink.account_id == account_id,
-            ConversationLink.contact_id == contact_id,
-            ConversationLink.inbox_id == inbox_id,
-        )
+        .where(_same_pair(ConversationLink, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id))
         .execution_options(populate_existing=True)
     ).one_or_none()
+
+
+def _same_pair(model: Any, *, account_id: int, contact_id: int, inbox_id: int) -> Any:
+    return (model.account_id == account_id) & (model.contact_id == contact_id) & (model.inbox_id == inbox_id)
 
 
 def claim_conversation(
@@ -353,9 +353,7 @@ def claim_conversation(
     result = session.execute(
         update(ConversationLink)
         .where(
-            ConversationLink.account_id == account_id,
-            ConversationLink.contact_id == contact_id,
-            ConversationLink.inbox_id == inbox_id,
+            _same_pair(ConversationLink, **key),
             ConversationLink.conversation_id.is_(None),
             or_(ConversationLink.claimed_until.is_(None), ConversationLink.claimed_until < now),
         )
@@ -370,27 +368,18 @@ def claim_conversation(
 
 
 def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
     session.execute(
-        update(ConversationLink)
-        .where(
-            ConversationLink.account_id == account_id,
-            ConversationLink.contact_id == contact_id,
-            ConversationLink.inbox_id == inbox_id,
-        )
-        .values(conversation_id=conversation_id, claimed_until=None)
+        update(ConversationLink).where(_same_pair(ConversationLink, **key)).values(conversation_id=conversation_id, claimed_until=None)
     )
 
 
 def release_conversation_claim(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> None:
     """Give the claim back at once after a failed create, so the next try need not wait it out."""
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
     session.execute(
         update(ConversationLink)
-        .where(
-            ConversationLink.account_id == account_id,
-            ConversationLink.contact_id == contact_id,
-            ConversationLink.inbox_id == inbox_id,
-            ConversationLink.conversation_id.is_(None),
-        )
+        .where(_same_pair(ConversationLink, **key), ConversationLink.conversation_id.is_(None))
         .values(claimed_until=None)
     )
 
@@ -432,9 +421,7 @@ def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id:
     """True while the contact's last incoming message through the inbox is under 24 hours old."""
     last = session.scalar(
         select(ServiceWindow.last_incoming_at).where(
-            ServiceWindow.account_id == account_id,
-            ServiceWindow.contact_id == contact_id,
-            ServiceWindow.inbox_id == inbox_id,
+            _same_pair(ServiceWindow, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
     return last is not None and now - last < SERVICE_WINDOW
