@@ -183,6 +183,12 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("intake_token", "metrics_port", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # An empty variable (compose's ${VAR:-}) means "not set", not "set to nothing".
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("intake_token")
     @classmethod
     def _intake_token_present(cls, value: SecretStr | None) -> SecretStr | None:

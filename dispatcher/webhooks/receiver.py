@@ -13,6 +13,9 @@
    (the row stays unprocessed and the tracking sweep publishes it), with a warning logged;
 6. 200 ``accepted``. A store failure answers 503 ``store_unavailable`` (nothing was recorded).
 
+The same app serves ``GET /healthz``, ``GET /metrics`` (Prometheus: verdicts, notifications by
+state) and, when ``intake_token`` is set, the HTTP intake (:mod:`dispatcher.http_intake`).
+
 Steps 4 and 5 are a group commit: one writer at a time runs in Starlette's threadpool, off the
 event loop; deliveries verified while it writes wait and go together in the next transaction
 and the next broker pipeline. Each request still waits for its own commit (and publish) before
@@ -35,12 +38,14 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from dispatcher.db import session_factory, shared_engine
 from dispatcher.errors import WebhookRejected
+from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
 from dispatcher.settings import Settings, load_settings
 from dispatcher.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
 from dispatcher.webhooks.events import EventSummary, summarize
@@ -92,6 +97,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
                                        window_s=window_s, now=now)
             summary = _summary(body)
         except WebhookRejected as refusal:
+            WEBHOOK_VERDICTS.labels(verdict=refusal.reason).inc()
             delivery_id = request.headers.get(delivery_header, "")
             log.warning("webhook delivery %s refused: %s (%d)",
                         delivery_id if DELIVERY_ID.fullmatch(delivery_id) else "-", refusal.reason, refusal.status_code)
@@ -100,21 +106,41 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             answer = await writer.submit(NewDelivery(verified.delivery_id, summary.event,
                                                      summary.model_dump(mode="json"), datetime.fromtimestamp(now, UTC)))
         except SQLAlchemyError as error:
+            WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
             return _refusal("store_unavailable", 503)
+        WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
         return Response(answer, media_type="application/json")
 
     async def healthz(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
+    states = NotificationStates(store)
+
+    async def metrics(request: Request) -> Response:
+        body = await run_in_threadpool(render, states)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    routes = [Route(settings.webhook_path, receive, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+    if settings.intake_token is not None:
+        # HTTP intake for hosts not written in Python, beside the receiver (docs/http-intake.md).
+        from dispatcher.http_intake import create_intake_routes
+        from dispatcher.service import Dispatcher
+
+        intake = Dispatcher(settings)
+        owned.append(intake.enqueuer)
+        routes += create_intake_routes(intake, token=settings.intake_token, max_body_bytes=settings.intake_max_body_bytes)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         for resource in owned:
-            resource.close()
+            close = getattr(resource, "close", None)
+            if close is not None:
+                close()
 
-    return Starlette(routes=[Route(settings.webhook_path, receive, methods=["POST"]),
-                             Route("/healthz", healthz, methods=["GET"])], lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
 def app_from_environment() -> Starlette:

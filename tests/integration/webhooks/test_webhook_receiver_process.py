@@ -40,6 +40,7 @@ PATH = "/webhooks/messaging"
 CONTENT = "Reminder: cardiology check-up on Friday 10:00"
 PHONES = ["+15558100001", "+15558100002", "+15558100003"]
 SMS_INBOX = 2
+BROKER_DB = 5  # outside 8-15, which tests.support.worker_process.fresh_broker_url draws from
 SANDBOX_CONFIG = """
 [behaviour]
 delivered_after_s = 0.05
@@ -113,7 +114,7 @@ class Stack:
 @contextlib.contextmanager
 def running_stack(tmp_path: Path, database_url: str, redis_url: str, *, prefix: str, webhooks: str) -> Iterator[Stack]:
     upgrade_database(database_url)
-    broker_url = f"{redis_url.rstrip('/')}/13"
+    broker_url = f"{redis_url.rstrip('/')}/{BROKER_DB}"
     broker = redis.Redis.from_url(broker_url)
     broker.flushdb()
     config = SANDBOX_CONFIG.replace("[webhooks]", f'[webhooks]\nheader_prefix = "{prefix}"\n{webhooks}')
