@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -16,14 +17,29 @@ def runner(clean_environment: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
+ISSUE_COMMANDS = ("demo", "sandbox", "worker", "consumer", "receiver", "beat", "flower", "notify", "status", "list",
+                  "webhooks", "db")
+
+
+def _leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    leaves = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            leaves += _leaf_commands(command, (*prefix, name))
+        else:
+            leaves.append([*prefix, name])
+    return leaves
+
+
 def test_help_lists_the_commands(runner: CliRunner) -> None:
     result = runner.invoke(cli, ["--help"])
     assert result.exit_code == 0
-    for command in ("demo", "sandbox", "config", "inboxes"):
-        assert f"  {command}" in result.output
+    for command in (*ISSUE_COMMANDS, "config", "inboxes"):
+        assert f"  {command}" in result.output, command
+    assert ["webhooks", "register"] in _leaf_commands(cli) and ["db", "upgrade"] in _leaf_commands(cli)
 
 
-@pytest.mark.parametrize("command", [["demo"], ["sandbox"], ["config", "check"], ["inboxes"]])
+@pytest.mark.parametrize("command", _leaf_commands(cli), ids=" ".join)
 def test_every_command_has_help_with_an_example(runner: CliRunner, command: list[str]) -> None:
     result = runner.invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
