@@ -1,0 +1,63 @@
+"""notification-dispatcher: durable, idempotent business notifications through a messaging workspace.
+
+The public face::
+
+    import dispatcher
+
+    record = dispatcher.notify({"event_id": "appt-42", "route": "reminders", ...})
+    record = dispatcher.status("appt-42")
+
+Names load on first use, so ``import dispatcher`` stays light (no Celery or SQLAlchemy until a
+name that needs them is touched).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dispatcher.errors import (
+        ConfigurationError,
+        DispatcherError,
+        EventConflict,
+        InvalidEvent,
+        StateConflict,
+        UnknownNotification,
+        WebhookRejected,
+    )
+    from dispatcher.record import AttemptRecord, NotificationRecord
+    from dispatcher.request import NotificationRequest
+    from dispatcher.service import Dispatcher, notify, status
+    from dispatcher.settings import Settings, load_settings
+
+_WHERE = {
+    "notify": "dispatcher.service",
+    "status": "dispatcher.service",
+    "Dispatcher": "dispatcher.service",
+    "NotificationRequest": "dispatcher.request",
+    "NotificationRecord": "dispatcher.record",
+    "AttemptRecord": "dispatcher.record",
+    "Settings": "dispatcher.settings",
+    "load_settings": "dispatcher.settings",
+    "DispatcherError": "dispatcher.errors",
+    "InvalidEvent": "dispatcher.errors",
+    "EventConflict": "dispatcher.errors",
+    "UnknownNotification": "dispatcher.errors",
+    "ConfigurationError": "dispatcher.errors",
+    "WebhookRejected": "dispatcher.errors",
+    "StateConflict": "dispatcher.errors",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dispatcher' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
