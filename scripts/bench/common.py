@@ -1,0 +1,283 @@
+"""What the benchmarks under scripts/bench/ share: a throw-away PostgreSQL database, a Redis
+database number of their own, the sandbox, real workers, request builders and the machine.
+
+Everything runs on loopback: PostgreSQL at 127.0.0.1:5432 (trust auth; a fresh ``bench_<hex>``
+database, dropped afterwards), Redis at 127.0.0.1:6379 (database numbers 10-12, flushed before
+and after). Every benchmark prints one JSON object on stdout; ``scripts/bench/all`` collects them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import redis  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+
+# The benchmarks measure the dispatcher, not its configured politeness: the example limits
+# (2,400 API calls and 90 contact searches a minute for the whole account) would cap every run
+# at 40 calls a second. The sandbox enforces neither; the limiter still runs on every call.
+UNCAPPED = {
+    "DISPATCHER_API_REQUESTS_PER_MINUTE": "1000000",
+    "DISPATCHER_CONTACT_SEARCHES_PER_MINUTE": "1000000",
+}
+
+# A phone prefix no sandbox recipient rule touches (+1555010 fails, +1555020 never confirms).
+PHONE_PREFIX = "+1555033"
+
+
+@contextlib.contextmanager
+def temp_database() -> Iterator[str]:
+    """A fresh PostgreSQL database ``bench_<hex>``, migrated by the caller, dropped afterwards."""
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        from dispatcher.db import _engines
+
+        engine = _engines.pop(url, None)
+        if engine is not None:
+            engine.dispose()
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def redis_database(number: int) -> Iterator[str]:
+    """``redis://127.0.0.1:6379/<number>``, flushed before and after (numbers 10-12 only)."""
+    if not 10 <= number <= 12:
+        raise ValueError("the benchmarks use Redis database numbers 10-12 only")
+    url = f"{REDIS_URL}/{number}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def environment(*, api_url: str, database_url: str, broker_url: str, uncapped: bool = True, **overrides: str) -> dict[str, str]:
+    """The DISPATCHER_* environment of every process in a benchmark (the tests' fast retries)."""
+    from tests.support.worker_process import dispatcher_environment
+
+    extra = dict(UNCAPPED) if uncapped else {}
+    extra.update(overrides)
+    return dispatcher_environment(api_url=api_url, database_url=database_url, broker_url=broker_url, **extra)
+
+
+def settings_from(env: dict[str, str]) -> Any:
+    """Settings for a process that hands notifications over: the same values the workers get."""
+    previous = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        from dispatcher.settings import load_settings
+
+        return load_settings()
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def reminder(event_id: str, contact: int, *, prefix: str = "bench-patient") -> dict[str, Any]:
+    """An appointment reminder on the ``reminders`` route (platform inbox, approved template).
+
+    The content starts ``Reminder <event_id>:`` so the sandbox's messages can be counted per event.
+    """
+    return {
+        "event_id": event_id,
+        "route": "reminders",
+        "contact": {"identifier": f"{prefix}-{contact}", "phone_number": f"{PHONE_PREFIX}{contact:04d}", "name": "Bench Patient"},
+        "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
+        "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                     "params": {"1": "Bench Patient", "2": "tomorrow 09:00"}},
+    }
+
+
+def event_of(content: str | None) -> str | None:
+    """The event ID in a message's content (``Reminder <event_id>: ...``), or None."""
+    if not content or not content.startswith("Reminder "):
+        return None
+    head = content[len("Reminder "):].split(":", 1)
+    return head[0] if len(head) == 2 else None
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float = 0.1) -> bool:
+    """Poll until ``condition`` holds; False after ``timeout_s`` (every wait is bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    print(f"warning: timed out after {timeout_s:.0f} s waiting for {what}", file=sys.stderr)
+    return False
+
+
+def start_worker(env: dict[str, str], log: Path, *, concurrency: int = 2, app: str = "workers.app",
+                 queues: str = "dispatcher.send", name: str = "bench") -> subprocess.Popen[bytes]:
+    """One Celery worker (prefork), as scripts/bench/send_path.py starts it."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues, "--hostname", f"{name}@%h",
+             "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+
+
+def start_beat(env: dict[str, str], log: Path, schedule: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "WARNING", "--schedule", str(schedule)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+
+
+def stop(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM (a warm shutdown), then SIGKILL after 20 s; pool children are killed too."""
+    if process is None or process.poll() is not None:
+        return
+    import psutil
+
+    children: list[Any] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        children = psutil.Process(process.pid).children(recursive=True)
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def accepted_count(engine: sa.Engine, prefix: str) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(
+            sa.text("SELECT count(*) FROM notifications WHERE message_id IS NOT NULL AND event_id LIKE :p"),
+            {"p": f"{prefix}%"},
+        ).scalar_one())
+
+
+def settled_count(engine: sa.Engine, prefix: str) -> int:
+    """Notifications with a message or a final failure (nothing more will happen to them)."""
+    with engine.connect() as connection:
+        return int(connection.execute(
+            sa.text("SELECT count(*) FROM notifications WHERE (message_id IS NOT NULL OR state = 'failed')"
+                    " AND event_id LIKE :p"),
+            {"p": f"{prefix}%"},
+        ).scalar_one())
+
+
+def machine() -> dict[str, Any]:
+    """CPU, cores, memory, OS, Python, PostgreSQL and Redis versions: the 'machine' line."""
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    postgres = redis_version = "unknown"
+    with contextlib.suppress(Exception):
+        engine = sa.create_engine(ADMIN_URL)
+        with engine.connect() as connection:
+            postgres = str(connection.execute(sa.text("SHOW server_version")).scalar_one())
+        engine.dispose()
+    with contextlib.suppress(Exception):
+        redis_version = str(redis.Redis.from_url(REDIS_URL).info("server")["redis_version"])
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "postgresql": postgres,
+        "redis": redis_version,
+    }
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the benchmark's result as JSON (the last stdout line block ``all`` reads)."""
+    result.setdefault("finished_at", datetime.now(UTC).isoformat(timespec="seconds"))
+    print(json.dumps(result, indent=2, default=str))
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Linear-interpolated percentile (as PostgreSQL's percentile_cont), ``share`` in 0..1."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = share * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def cpu_seconds(worker_pids: list[int] = ()) -> dict[str, float]:  # type: ignore[assignment]
+    """CPU seconds used so far, by component: the worker trees given, this process (intake or
+    the in-process loop), PostgreSQL, the sandbox, Redis, and the whole machine (``machine``:
+    busy time of every core, so ``machine`` minus the rest is what other processes used)."""
+    import psutil
+
+    totals = {"workers": 0.0, "this_process": 0.0, "postgresql": 0.0, "sandbox": 0.0, "redis": 0.0}
+    for pid in worker_pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(pid)
+            for process in [tree, *tree.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    times = process.cpu_times()
+                    totals["workers"] += times.user + times.system
+    me = psutil.Process().cpu_times()
+    totals["this_process"] = me.user + me.system
+    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        name = process.info["name"] or ""
+        command = " ".join(process.info["cmdline"] or [])
+        times = process.info["cpu_times"]
+        if times is None:
+            continue
+        used = times.user + times.system
+        if name.startswith("postgres"):
+            totals["postgresql"] += used
+        elif "-m sandbox" in command:
+            totals["sandbox"] += used
+        elif name.startswith("redis-server"):
+            totals["redis"] += used
+    system = psutil.cpu_times()
+    totals["machine"] = system.user + system.system + getattr(system, "nice", 0.0) + getattr(system, "irq", 0.0) + getattr(system, "softirq", 0.0)
+    return totals
+
+
+def cpu_ms_per_item(before: dict[str, float], after: dict[str, float], items: int) -> dict[str, float]:
+    """Milliseconds of CPU per item by component, and ``other`` (the machine's rest: other users)."""
+    used = {name: (after[name] - before.get(name, 0.0)) * 1000 / max(items, 1) for name in after}
+    used["other"] = used.pop("machine") - sum(used.values())
+    return {name: round(value, 2) for name, value in used.items()}
