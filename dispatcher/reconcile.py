@@ -5,6 +5,7 @@
    read back from the message list, so a dropped webhook never leaves an outcome unknown.
 3. First attempts not delivered by their route's ``delivery_deadline_s`` get the single fallback
    decision (after reconciliation, so a lost "delivered" does not cause a needless fallback).
+4. A failure recorded by a process that was killed before it made the decision gets it now.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class SweepReport:
     republished: int = 0
     reconciled: dict[str, int] = field(default_factory=dict)
     deadline_decisions: dict[str, int] = field(default_factory=dict)
+    repaired: int = 0  # failures whose decision a killed process never made
 
 
 def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
@@ -49,6 +51,9 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
                 notification_id, fall_back=True, reason="not delivered by the deadline", failed=False, ctx=ctx, enqueuer=enqueuer
             )
             report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
+    report.repaired = tracking.repair_undecided_failures(
+        ctx, enqueuer, failed_before=ctx.clock() - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH
+    )
     return report
 
 

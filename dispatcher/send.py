@@ -344,7 +344,11 @@ def _set_attempt(job: _Job, ctx: SendContext, *, expected: tuple[AttemptState, .
 
 def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: Outcome) -> SendResult:
     now = ctx.clock()
-    state = attempt_state_from_status(message.status.value if message.status else None)
+    reported = attempt_state_from_status(message.status.value if message.status else None)
+    # A message that has already failed when we record it (a recovered send whose failure webhook
+    # came before we knew its ID) is recorded as sent; its failure is then applied like any
+    # outcome below, so the single fallback decision is made.
+    state = AttemptState.SENT if reported is AttemptState.FAILED else reported
     with ctx.sessions.begin() as session:
         store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
         attempt = store.accept_attempt(
@@ -367,6 +371,8 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
         )
         if job.drops_payload_on_acceptance:
             store.drop_payload(session, job.notification_id)
+    if reported is AttemptState.FAILED:
+        tracking.apply_outcome(tracking.Outcome(message.id, "failed", message.external_error), ctx, ctx.enqueuer)
     if job.created_at is not None:
         metrics.SEND_LATENCY.observe(max((now - job.created_at).total_seconds(), 0.0))
     return SendResult(outcome, message_id=message.id)

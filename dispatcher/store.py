@@ -504,6 +504,25 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
     )
 
 
+def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, int, str | None, str | None]]:
+    """Failed attempts whose consequence is missing: a first attempt with no fallback decision, or a
+    fallback whose notification was not ended. (notification id, attempt number, error kind, detail)"""
+    rows = session.execute(
+        select(Attempt.notification_id, Attempt.number, Attempt.error_kind, Attempt.error_detail)
+        .join(Notification, Notification.id == Attempt.notification_id)
+        .where(
+            Attempt.state == AttemptState.FAILED,
+            Attempt.updated_at < failed_before,
+            or_(
+                (Attempt.number == 1) & Notification.fallback_decision.is_(None),
+                (Attempt.number == 2) & (Notification.state != NotificationState.FAILED),
+            ),
+        )
+        .limit(limit)
+    ).all()
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
 def unprocessed_deliveries(session: Session, *, received_before: datetime, limit: int) -> list[int]:
     """Recorded webhook deliveries whose outcome task never finished (lost with a consumer)."""
     return list(

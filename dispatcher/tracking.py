@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -144,9 +145,34 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str
         return f"applied_{new.value}"
     if attempt_number == 2:
         return end_after_fallback_failed(notification_id, outcome.external_error, ctx)
-    verdict = classify_failure(outcome.external_error, fallback_rules(ctx))
+    return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer)
+
+
+def decide_after_external_failure(
+    notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None
+) -> str:
+    """The first attempt's message failed: classify its error code and decide once."""
+    verdict = classify_failure(external_error, fallback_rules(ctx))
     reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
     return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx, enqueuer=enqueuer)
+
+
+def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_before: datetime, limit: int) -> int:
+    """Finish what a process killed between recording a failure and deciding left undone.
+
+    A failed first attempt with no decision gets it (by its error code, or as a send failure);
+    a failed fallback whose notification is not ended is ended. Both are idempotent.
+    """
+    with ctx.sessions() as session:
+        undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
+    for notification_id, number, error_kind, error_detail in undecided:
+        if number == 2:
+            end_after_fallback_failed(notification_id, error_detail, ctx)
+        elif error_kind == "external_error":
+            decide_after_external_failure(notification_id, error_detail, ctx, enqueuer)
+        else:
+            decide_after_send_failure(notification_id, error_kind or "internal", ctx, enqueuer)
+    return len(undecided)
 
 
 def decide_after_send_failure(notification_id: int, error_kind: str, ctx: SendContext, enqueuer: Enqueuer | None) -> str:

@@ -60,7 +60,8 @@ def outcome(delivery_row_id: int) -> str:
 def track() -> dict[str, object]:
     """Republish lost deliveries, reconcile unconfirmed attempts, decide on missed deadlines."""
     report = tracking_sweep(runtime.send_context(), runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
-    return {"republished": report.republished, "reconciled": report.reconciled, "deadlines": report.deadline_decisions}
+    return {"republished": report.republished, "reconciled": report.reconciled, "deadlines": report.deadline_decisions,
+            "repaired": report.repaired}
 
 
 @app.task(name=RETENTION_TASK, ignore_result=True)

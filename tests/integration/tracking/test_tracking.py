@@ -234,3 +234,53 @@ def test_an_incoming_message_opens_the_window_for_free_text(
             # and 24 hours after the last incoming message it is closed
             later = ctx.clock() + timedelta(hours=24, seconds=1)
             assert not store.window_open(session, account_id=1, contact_id=contact_id, inbox_id=1, now=later)
+
+
+def test_a_recovered_send_whose_message_already_failed_still_gets_its_decision(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    # Found by the chaos suite. Given the response to createMessage is lost, and the platform
+    # fails the message (131026) before we know its ID
+    record = intake.accept(parse_request(reminder("trk-lost-then-failed", identifier="trk-p9", phone="+15550107009")),
+                           sessions=context.sessions, settings=context.settings, enqueuer=ListEnqueuer())
+    with context.sessions() as session:
+        notification = store.find_notification_by_event(session, record.event_id)
+        assert notification is not None
+        notification_id = notification.id
+    sandbox.set_faults({"createMessage": {"drop_response_share": 1.0}})
+    from dispatcher.send import send_notification
+
+    assert send_notification(notification_id, context).outcome is Outcome.RETRY
+    sandbox.set_faults({})
+    [message] = [m for m in sandbox.messages() if (m.get("content") or "").startswith("Reminder trk-lost-then-failed:")]
+    failed = _sandbox_status(sandbox, message["id"], {"failed"})
+    # its failure webhook arrives while the message is not known to be ours
+    assert apply_event(_updated(message["id"], "failed", failed["external_error"]), context, enqueuer) == "ignored_not_ours"
+    # When the next run adopts the message, already failed
+    assert send_notification(notification_id, context).outcome is Outcome.ADOPTED
+    # Then the failure is applied and the single decision made: fall back to SMS
+    record = intake.status(context.sessions, "trk-lost-then-failed")
+    assert record.attempts[0].state == "failed"
+    assert record.fallback_decision == "fallback" and record.fallback_reason == "undeliverable (131026)"
+    assert enqueuer.sent == [notification_id]
+
+
+def test_a_failure_left_undecided_by_a_killed_consumer_is_decided_by_the_sweep(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    # Found by the chaos suite. Given a consumer recorded the failure and was killed before deciding
+    notification_id = _send(context, reminder("trk-killed", identifier="trk-p10", phone="+15550107010"))
+    with context.sessions.begin() as session:
+        attempt = store.attempts_of(session, notification_id)[0]
+        store.update_attempt(session, attempt.id, expected=(attempt.state,), values={
+            "state": "failed", "error_kind": "external_error", "error_detail": "131026: Message undeliverable",
+            "updated_at": context.clock() - timedelta(minutes=5)})
+    assert intake.status(context.sessions, "trk-killed").fallback_decision is None
+    # When the tracking sweep runs
+    report = tracking_sweep(context, enqueuer, enqueuer.enqueue_outcome)
+    # Then the decision is made, once
+    assert report.repaired == 1
+    record = intake.status(context.sessions, "trk-killed")
+    assert record.fallback_decision == "fallback" and record.fallback_reason == "undeliverable (131026)"
+    assert tracking_sweep(context, enqueuer, enqueuer.enqueue_outcome).repaired == 0
+    assert enqueuer.sent == [notification_id]

@@ -1,0 +1,683 @@
+"""The fault-injection run behind ``tests/chaos/test_chaos.py`` and ``scripts/chaos``.
+
+One run: the sandbox (with 5xx, 429, dropped responses and unruly webhooks), the webhook receiver,
+two outcome consumers, two send workers, beat, a private Redis (broker and shared limiter) and a
+fresh PostgreSQL database, all real processes on 127.0.0.1. While the notifications are handed
+over, a controller thread SIGKILLs worker and consumer processes at moments drawn from
+``random.Random(seed)``, restarts Redis once, and plays the supervisor. When everything has
+settled, the dispatcher's store is checked against the sandbox's own record of messages.
+
+Nothing here knows pytest except through the fixtures the test hands in; docs/chaos.md describes
+the run, the faults, the checks and what "confirmed" means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import redis
+import sqlalchemy as sa
+
+from dispatcher.api import WorkspaceClient
+from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.migrate import upgrade_database
+from dispatcher.models import Attempt, Notification, WebhookDelivery
+from dispatcher.service import Dispatcher
+from dispatcher.settings import Settings
+from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
+from tests.support.worker_process import ProcessGroup, dispatcher_environment, process_group
+
+# --- the run's shape ------------------------------------------------------------------------
+
+DEFAULT_NOTIFICATIONS = 1000
+DEFAULT_KILLS = 50
+SENDERS = {"sender0": 3, "sender1": 3}  # name -> pool processes (send + maintenance queues)
+CONSUMERS = {"consumer0": 2, "consumer1": 2}  # name -> pool processes (outcomes queue only)
+WHOLE_WORKER_SHARE = 0.12  # of kills: the worker's main process (and its pool) instead of one pool process
+MIN_KILL_GAP_S = 0.2  # kills come at uniform random gaps that spread them over the hand-over
+REDIS_DOWN_S = (1.0, 3.0)  # how long Redis stays down at its restart
+INTAKE_PER_S = 8.0  # notifications handed over per second: about what the senders manage under fire here
+
+# Recipients and templates (the sandbox's default seed decides what happens to them).
+CONTACTS_PER_NOTIFICATION = 0.25  # about four notifications per contact: shared conversations, racing workers
+UNDELIVERABLE_CONTACT_SHARE = 0.10  # +1555010...: 131026 on the platform inbox, SMS delivered
+SILENT_CONTACT_SHARE = 0.02  # +1555020...: stay "sent" forever on inboxes 1 and 2 (deadline decisions)
+TEMPLATE_MISMATCH_SHARE = 0.07  # test_results_ready with 2 params; the platform approved 1: 132000
+DELIVERY_DEADLINE_S = 60.0  # the reminders route's deadline (the example config says 900)
+
+# Faults (docs/chaos.md).
+SERVER_ERROR_SHARE = 0.05
+RATE_LIMIT_SHARE = 0.02
+DROP_RESPONSE_SHARE = 0.01  # createMessage only: committed, then the connection is closed unanswered
+WEBHOOK_DUPLICATE_SHARE = 0.10
+WEBHOOK_REORDER_SHARE = 0.10
+WEBHOOK_DROP_SHARE = 0.05
+# Every contract operation the dispatcher calls during the run (createWebhook is called once, before).
+FAULTED_OPERATIONS = ("listInboxes", "searchContacts", "createContact", "listContactableInboxes",
+                      "listConversations", "createConversation", "listMessages", "createMessage")
+
+PLATFORM_INBOX, SMS_INBOX = 1, 2
+EVENT_IN_CONTENT = re.compile(r"^Reminder (\S+):")
+TEMPLATES = [  # our registry: test_results_ready with 2 body params, where the platform approved 1
+    {"name": "appointment_reminder", "language": "en", "category": "UTILITY", "body_params": 2},
+    {"name": "test_results_ready", "language": "en", "category": "UTILITY", "body_params": 2},
+]
+PRIVATE = [re.compile(r"\+1555\d{7}"), re.compile(r"Reminder \S+: your appointment"),
+           re.compile("sandbox-token-account-1"), re.compile(r"Test Patient")]
+
+# Delivery states in their order; "failed" ends an attempt.
+RANK = {"queued": 0, "in_flight": 1, "unknown": 1, "accepted": 2, "sent": 3, "delivered": 4, "read": 5, "failed": 6}
+DEADLINE_REASON = "not delivered by the deadline"
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int
+    notifications: int = DEFAULT_NOTIFICATIONS
+    kills: int = DEFAULT_KILLS
+    report_path: Path | None = None
+    keep_logs: Path | None = None
+
+    @classmethod
+    def from_environment(cls) -> ChaosConfig:
+        """CHAOS_SEED (replay), CHAOS_NOTIFICATIONS, CHAOS_KILLS, CHAOS_REPORT, CHAOS_KEEP_LOGS."""
+        seed_text = os.environ.get("CHAOS_SEED", "").strip()
+        seed = int(seed_text) if seed_text else random.SystemRandom().randrange(1, 2**31)
+        report = os.environ.get("CHAOS_REPORT", "").strip()
+        keep = os.environ.get("CHAOS_KEEP_LOGS", "").strip()
+        return cls(
+            seed=seed,
+            notifications=int(os.environ.get("CHAOS_NOTIFICATIONS", DEFAULT_NOTIFICATIONS)),
+            kills=int(os.environ.get("CHAOS_KILLS", DEFAULT_KILLS)),
+            report_path=Path(report) if report else None,
+            keep_logs=Path(keep) if keep else None,
+        )
+
+
+def time_budget_s() -> float:
+    """The whole test's limit: 900 s for the CI size, more for the larger runs of scripts/chaos."""
+    notifications = int(os.environ.get("CHAOS_NOTIFICATIONS", DEFAULT_NOTIFICATIONS))
+    kills = int(os.environ.get("CHAOS_KILLS", DEFAULT_KILLS))
+    return max(900.0, 300 + notifications * 0.35 + kills * 1.5)
+
+
+# --- the workload ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One notification of the run and what the sandbox's seed will make of it."""
+
+    event_id: str
+    kind: str  # ok | undeliverable (131026) | template (132000) | silent (never confirmed)
+    request: dict[str, Any]
+
+
+def plan_notifications(rng: random.Random, count: int) -> list[Planned]:
+    contacts = max(20, int(count * CONTACTS_PER_NOTIFICATION))
+    recipients = []
+    for number in range(contacts):
+        roll = rng.random()
+        if roll < UNDELIVERABLE_CONTACT_SHARE:
+            recipients.append(("undeliverable", f"+1555010{number:04d}"))
+        elif roll < UNDELIVERABLE_CONTACT_SHARE + SILENT_CONTACT_SHARE:
+            recipients.append(("silent", f"+1555020{number:04d}"))
+        else:
+            recipients.append(("ok", f"+1555040{number:04d}"))
+    planned = []
+    for number in range(count):
+        event_id = f"chaos-{number:05d}"
+        contact = rng.randrange(contacts)
+        kind, phone = recipients[contact]
+        request = reminder(event_id, identifier=f"chaos-patient-{contact}", phone=phone)
+        if rng.random() < TEMPLATE_MISMATCH_SHARE:
+            kind = "template"  # 132000 comes before any recipient rule
+            request["template"] = {"name": "test_results_ready", "language": "en", "category": "UTILITY",
+                                   "params": {"1": "Test Patient", "2": "today"}}
+        planned.append(Planned(event_id, kind, request))
+    return planned
+
+
+def sandbox_config(seed: int) -> str:
+    return f"""
+[behaviour]
+delivered_after_s = 0.2
+read_after_s = 0.3
+failed_after_s = 0.1
+random_seed = {seed}
+
+[webhooks]
+duplicate_share = {WEBHOOK_DUPLICATE_SHARE}
+reorder_share = {WEBHOOK_REORDER_SHARE}
+drop_share = {WEBHOOK_DROP_SHARE}
+reorder_hold_s = 0.5
+concurrency = 4
+"""
+
+
+def sandbox_faults() -> dict[str, dict[str, Any]]:
+    faults: dict[str, dict[str, Any]] = {
+        operation: {"server_error_share": SERVER_ERROR_SHARE, "rate_limit_share": RATE_LIMIT_SHARE}
+        for operation in FAULTED_OPERATIONS
+    }
+    faults["createMessage"]["drop_response_share"] = DROP_RESPONSE_SHARE
+    return faults
+
+
+def routes_json() -> str:
+    routes = example_settings(api_url="http://x").model_dump(mode="json")["routes"]
+    routes["reminders"]["delivery_deadline_s"] = DELIVERY_DEADLINE_S
+    return json.dumps(routes)
+
+
+def settings_of(env: dict[str, str]) -> Settings:
+    overrides: dict[str, Any] = {key.removeprefix("DISPATCHER_").lower(): value for key, value in env.items()
+                                 if key.startswith("DISPATCHER_") and key != "DISPATCHER_CONFIG"
+                                 and not key.startswith("DISPATCHER_TEST_")}
+    for key in ("templates", "routes"):
+        if key in overrides:
+            overrides[key] = json.loads(overrides[key])
+    return example_settings(**overrides)
+
+
+# --- a private Redis ------------------------------------------------------------------------
+
+
+class PrivateRedis:
+    """``redis-server`` on a free loopback port, nothing on disk: a restart loses every key."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.starts += 1
+        log = (self.directory / f"redis-{self.starts}.log").open("wb")
+        with log:
+            self.process = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--daemonize", "no", "--dir", str(self.directory)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+                with contextlib.suppress(redis.RedisError):
+                    if client.ping():
+                        return
+                time.sleep(0.05)
+            raise RuntimeError("redis-server did not answer within 10 s")
+        finally:
+            client.close()
+
+    def queued(self) -> dict[str, int]:
+        """Tasks waiting in the broker's queues, and taken but not acknowledged, right now."""
+        client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            counts: Counter[str] = Counter()
+            for key in client.scan_iter(match="dispatcher.*", count=1000):
+                if client.type(key) == b"list":
+                    counts[key.decode(errors="replace").split("\x06")[0]] += int(client.llen(key))
+            counts["unacked"] = int(client.hlen("unacked"))
+            return dict(counts)
+        except redis.RedisError as error:
+            return {f"unreadable ({type(error).__name__})": 0}
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: with no persistence every queued task and limiter key is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+# --- the stack ------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    group: ProcessGroup
+    sandbox: SandboxProcess
+    redis: PrivateRedis
+    dispatcher: Dispatcher
+    enqueuer: CeleryEnqueuer
+    database_url: str
+    receiver_port: int
+    env: dict[str, str]
+
+    def start_receiver(self) -> None:
+        self.group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1",
+                                      "--port", str(self.receiver_port)])
+
+
+@contextlib.contextmanager
+def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> Iterator[Stack]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    private = PrivateRedis(log_dir)
+    private.start()
+    try:
+        with running_sandbox(sandbox_config(config.seed)) as sandbox:
+            upgrade_database(database_url)
+            receiver_port = free_port()
+            env = dispatcher_environment(
+                api_url=sandbox.base_url, database_url=database_url, broker_url=private.url,
+                DISPATCHER_TEMPLATES=json.dumps(TEMPLATES),
+                DISPATCHER_ROUTES=routes_json(),
+                DISPATCHER_RECONCILE_AFTER_S="5",
+                # A task that waits in a backlog longer than this is published again; 6 s (the
+                # integration tests' value) multiplies the queue when sends lag behind intake.
+                DISPATCHER_STALE_AFTER_S="20",
+                # The sandbox does not limit searches; the example's 90 a minute would make contact
+                # creation, not the faults, the subject of the run.
+                DISPATCHER_CONTACT_SEARCHES_PER_MINUTE="1200",
+                DISPATCHER_API_REQUESTS_PER_MINUTE="6000",
+            )
+            settings = settings_of(env)
+            with WorkspaceClient.from_settings(settings) as client:
+                webhook = client.create_webhook(
+                    url=f"http://127.0.0.1:{receiver_port}{settings.webhook_path}",
+                    subscriptions=["message_created", "message_updated"])
+            assert webhook.secret is not None
+            env["DISPATCHER_WEBHOOK_SECRETS"] = webhook.secret.get_secret_value()
+            enqueuer = CeleryEnqueuer(private.url)
+            try:
+                with process_group(env, log_dir) as group:
+                    dispatcher = Dispatcher(settings_of(env), enqueuer=enqueuer)
+                    stack = Stack(group, sandbox, private, dispatcher, enqueuer, database_url, receiver_port, env)
+                    stack.start_receiver()
+                    for name, concurrency in SENDERS.items():
+                        group.start_worker(name, concurrency=concurrency)
+                    for name, concurrency in CONSUMERS.items():
+                        group.start_worker(name, concurrency=concurrency, queues="dispatcher.outcomes")
+                    group.start_beat()
+                    wait_for(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz"), 30, "the receiver")
+                    wait_for(lambda: all(len(group.pool_children(name)) >= concurrency
+                                         for name, concurrency in {**SENDERS, **CONSUMERS}.items()),
+                             60, "every worker's pool")
+                    sandbox.set_faults(sandbox_faults())
+                    yield stack
+            finally:
+                enqueuer.close()
+    finally:
+        private.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1, trust_env=False).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+# --- the controller -------------------------------------------------------------------------
+
+
+@dataclass
+class ChaosLog:
+    kills: Counter[str] = field(default_factory=Counter)  # "sender0 pool" / "consumer1 worker" -> n
+    pool_kills: int = 0
+    worker_kills: int = 0
+    redis_restarts: int = 0
+    redis_down_s: float = 0.0
+    redis_lost: dict[str, int] = field(default_factory=dict)  # what the restart threw away
+    supervisor_restarts: Counter[str] = field(default_factory=Counter)  # beat / receiver found dead
+    timeline: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def total_kills(self) -> int:
+        return self.pool_kills + self.worker_kills
+
+
+class Controller(threading.Thread):
+    """Kills at random moments, restarts Redis once, and restarts whatever died (a supervisor)."""
+
+    def __init__(self, stack: Stack, rng: random.Random, *, kills: int, intake_s: float,
+                 intake_done: threading.Event, deadline: float, started: float) -> None:
+        super().__init__(name="chaos-controller", daemon=True)
+        self.stack, self.rng, self.target = stack, rng, kills
+        self.intake_done, self.deadline, self.started = intake_done, deadline, started
+        self.stop_requested = threading.Event()
+        self.log = ChaosLog()
+        self.restart_after = rng.randint(max(1, kills // 4), max(1, (3 * kills) // 4))
+        self.mean_gap_s = max(MIN_KILL_GAP_S * 2, intake_s / max(kills, 1))
+        self.lock = threading.Lock()  # the supervisor runs here and, after the chaos, in the main thread
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as error:  # reported by the test, never swallowed
+            self.log.errors.append(f"controller: {type(error).__name__}: {error}")
+
+    def _run(self) -> None:
+        names = [*SENDERS, *CONSUMERS]
+        while not self.stop_requested.is_set() and time.monotonic() < self.deadline:
+            if self.log.total_kills >= self.target and self.intake_done.is_set():
+                return
+            self.stop_requested.wait(self.rng.uniform(MIN_KILL_GAP_S, 2 * self.mean_gap_s - MIN_KILL_GAP_S))
+            self.supervise()
+            if self.log.total_kills >= self.restart_after and not self.log.redis_restarts:
+                self._restart_redis()
+                continue
+            name = self.rng.choice(names)
+            if self.rng.random() < WHOLE_WORKER_SHARE:
+                self._kill_worker(name)
+            else:
+                self._kill_pool_process(name)
+
+    def _note(self, text: str) -> None:
+        clock = time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+        self.log.timeline.append(f"{time.monotonic() - self.started:7.1f}s {clock} {text}")
+
+    def _kill_pool_process(self, name: str) -> None:
+        children = self.stack.group.pool_children(name)
+        if not children:
+            return  # its worker is (re)starting: draw again at the next moment
+        victim = children[self.rng.randrange(len(children))]
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            return
+        self.log.pool_kills += 1
+        self.log.kills[f"{name} pool process"] += 1
+        self._note(f"SIGKILL {name} pool process")
+
+    def _kill_worker(self, name: str) -> None:
+        with self.lock:
+            self.stack.group.stop(name, kill=True)  # SIGKILL to the main process, then its pool
+            self.log.worker_kills += 1
+            self.log.kills[f"{name} whole worker"] += 1
+            self._note(f"SIGKILL {name} whole worker")
+        time.sleep(self.rng.uniform(0.0, 1.0))  # a supervisor's restart delay
+        self.supervise()
+
+    def _restart_redis(self) -> None:
+        down_s = self.rng.uniform(*REDIS_DOWN_S)
+        self.log.redis_lost = self.stack.redis.queued()
+        self._note(f"Redis killed with {self.log.redis_lost} queued and unacknowledged tasks, down {down_s:.1f}s")
+        begun = time.monotonic()
+        self.stack.redis.kill()
+        time.sleep(down_s)
+        self.stack.redis.start()
+        self.log.redis_restarts += 1
+        self.log.redis_down_s = time.monotonic() - begun
+        self._note("Redis started again (empty)")
+
+    def supervise(self) -> None:
+        """Start again any worker, consumer, beat or receiver that is not running."""
+        with self.lock:
+            group = self.stack.group
+            group.ensure_running()
+            for name in ("beat", "receiver"):
+                process = group.processes.get(name)
+                if process is None or process.poll() is not None:
+                    self.log.supervisor_restarts[name] += 1
+                    self._note(f"{name} found dead (exit {None if process is None else process.returncode}): started again")
+                    group.processes.pop(name, None)
+                    if name == "beat":
+                        group.start_beat()
+                    else:
+                        self.stack.start_receiver()
+
+
+# --- reading the outcome --------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    id: int
+    event_id: str
+    state: str
+    message_id: int | None
+    delivery_state: str | None
+    fallback_decision: str | None
+    fallback_reason: str | None
+    attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def read_store(engine: sa.Engine) -> dict[str, Row]:
+    notifications, attempts = Notification.__table__, Attempt.__table__
+    rows: dict[str, Row] = {}
+    by_id: dict[int, Row] = {}
+    with engine.connect() as connection:
+        for found in connection.execute(sa.select(
+                notifications.c.id, notifications.c.event_id, notifications.c.state, notifications.c.message_id,
+                notifications.c.delivery_state, notifications.c.fallback_decision, notifications.c.fallback_reason)):
+            row = Row(*found)
+            rows[row.event_id] = by_id[row.id] = row
+        for found in connection.execute(sa.select(
+                attempts.c.notification_id, attempts.c.number, attempts.c.state, attempts.c.message_id,
+                attempts.c.error_kind, attempts.c.error_detail, attempts.c.tries, attempts.c.route)):
+            by_id[found.notification_id].attempts[found.number] = dict(found._mapping)
+    return rows
+
+
+def current_attempt(row: Row) -> dict[str, Any] | None:
+    return row.attempts.get(2 if row.fallback_decision == "fallback" else 1)
+
+
+def settled_state(row: Row) -> str | None:
+    """None when the notification is terminal or confirmed; else why it is not (docs/chaos.md).
+
+    Confirmed or terminal: read or delivered (the current attempt says so too); failed with the
+    single fallback decision recorded; or still only sent after the delivery deadline's decision.
+    """
+    attempt = current_attempt(row)
+    if attempt is None:
+        return f"{row.state}: no current attempt"
+    if row.state in ("read", "delivered"):
+        return None if attempt["state"] == row.state else f"{row.state} but its attempt is {attempt['state']}"
+    if row.state == "failed":
+        return None if row.fallback_decision is not None else "failed without a fallback decision"
+    if row.state in ("sent", "accepted") and row.fallback_decision is not None \
+            and (row.fallback_reason or "").startswith(DEADLINE_REASON):
+        return None
+    return f"{row.state} (attempt {attempt['state']}, decision {row.fallback_decision})"
+
+
+def unprocessed_deliveries(engine: sa.Engine) -> int:
+    table = WebhookDelivery.__table__
+    with engine.connect() as connection:
+        return int(connection.scalar(sa.select(sa.func.count()).select_from(table)
+                                     .where(table.c.processed_at.is_(None))) or 0)
+
+
+def delivery_outcomes(engine: sa.Engine) -> Counter[str]:
+    table = WebhookDelivery.__table__
+    with engine.connect() as connection:
+        return Counter({outcome or "(none)": count for outcome, count in connection.execute(
+            sa.select(table.c.outcome, sa.func.count()).group_by(table.c.outcome))})
+
+
+def messages_by_event(messages: list[dict[str, Any]]) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], int]:
+    per_event: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    strangers = 0
+    for message in messages:
+        match = EVENT_IN_CONTENT.match(message.get("content") or "")
+        if match is None:
+            strangers += 1
+            continue
+        per_event[match.group(1)][message["inbox_id"]].append(message)
+    return per_event, strangers
+
+
+# --- the checks -----------------------------------------------------------------------------
+
+EXPECTED = {  # kind -> (attempt 1 state, decision, reason prefix, SMS status or None)
+    "ok": ("read", None, None, None),
+    "undeliverable": ("failed", "fallback", "undeliverable (131026)", "read"),
+    "template": ("failed", "none", "template_misconfigured (132000)", None),
+    "silent": ("sent", "fallback", DEADLINE_REASON, "sent"),
+}
+
+
+@dataclass
+class Verdict:
+    violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    read_lag: list[str] = field(default_factory=list)  # delivered here, read in the sandbox
+
+    def add(self, rule: str, event_id: str, detail: str) -> None:
+        self.violations[rule].append(f"{event_id}: {detail}")
+
+
+def check(planned: list[Planned], rows: dict[str, Row], messages: list[dict[str, Any]],
+          decision_lines: Counter[int]) -> Verdict:
+    verdict = Verdict()
+    per_event, strangers = messages_by_event(messages)
+    if strangers:
+        verdict.add("every message belongs to an event", "-", f"{strangers} messages without an event in their content")
+    known = {plan.event_id for plan in planned}
+    for event_id in per_event:
+        if event_id not in known:
+            verdict.add("every message belongs to an event", event_id, "a message for an event never handed over")
+    for plan in planned:
+        event_id = plan.event_id
+        row = rows.get(event_id)
+        if row is None:
+            verdict.add("every notification is stored", event_id, "missing from the store")
+            continue
+        inboxes = per_event.get(event_id, {})
+        first, sms = inboxes.get(PLATFORM_INBOX, []), inboxes.get(SMS_INBOX, [])
+        others = {inbox: len(found) for inbox, found in inboxes.items() if inbox not in (PLATFORM_INBOX, SMS_INBOX)}
+        # exactly one message on the first route, at most one fallback message, nothing elsewhere
+        if len(first) != 1:
+            verdict.add("exactly one message on the first route", event_id, f"{len(first)} messages on inbox 1")
+        if len(sms) > 1:
+            verdict.add("at most one fallback message", event_id, f"{len(sms)} messages on the SMS inbox")
+        if others:
+            verdict.add("no message on another inbox", event_id, str(others))
+        # one fallback decision, made once; the fallback message exists exactly when it said so
+        if decision_lines[row.id] > 1:
+            verdict.add("at most one fallback decision", event_id, f"decided {decision_lines[row.id]} times")
+        if set(row.attempts) - {1, 2}:
+            verdict.add("at most one fallback", event_id, f"attempts {sorted(row.attempts)}")
+        if (2 in row.attempts) != (row.fallback_decision == "fallback"):
+            verdict.add("a fallback attempt exactly when decided", event_id,
+                        f"decision {row.fallback_decision}, attempts {sorted(row.attempts)}")
+        if (len(sms) == 1) != (row.fallback_decision == "fallback"):
+            verdict.add("a fallback message exactly when decided", event_id,
+                        f"decision {row.fallback_decision} ({row.fallback_reason}), {len(sms)} SMS")
+        # every final state equals the sandbox's, message by message
+        for number, found in ((1, first), (2, sms)):
+            attempt = row.attempts.get(number)
+            if attempt is None or len(found) != 1:
+                continue
+            message = found[0]
+            if attempt["message_id"] != message["id"]:
+                verdict.add("the dispatcher knows its message", event_id,
+                            f"attempt {number} has message {attempt['message_id']}, the sandbox {message['id']}")
+                continue
+            ours, theirs = attempt["state"], message["status"]
+            if ours == theirs:
+                continue
+            if ours == "delivered" and theirs == "read":
+                verdict.read_lag.append(event_id)  # the read report was lost; delivered is confirmed
+                continue
+            verdict.add("every final state equals the sandbox's", event_id,
+                        f"attempt {number} is {ours}, the sandbox says {theirs}")
+        # the notification's own state is its current attempt's
+        attempt = current_attempt(row)
+        if attempt is not None:
+            expected_state = attempt["state"]
+            if row.fallback_decision == "none" and row.attempts.get(1, {}).get("state") == "failed":
+                expected_state = "failed"
+            if row.state != expected_state or (attempt["message_id"] is not None and row.message_id != attempt["message_id"]):
+                verdict.add("the notification shows its current attempt", event_id,
+                            f"notification {row.state}/{row.message_id}, attempt {attempt['state']}/{attempt['message_id']}")
+        # no notification left without a terminal or confirmed state
+        unsettled = settled_state(row)
+        if unsettled is not None:
+            verdict.add("terminal or confirmed", event_id, unsettled)
+        # and what the sandbox's seed says should have happened did
+        first_state, decision, reason, sms_status = EXPECTED[plan.kind]
+        got_first = row.attempts.get(1, {}).get("state")
+        if got_first == "delivered" and first_state == "read" and event_id in verdict.read_lag:
+            got_first = "read"
+        got_sms = sms[0]["status"] if len(sms) == 1 else None
+        if (got_first, row.fallback_decision, got_sms) != (first_state, decision, sms_status) or (
+                reason is not None and not (row.fallback_reason or "").startswith(reason)):
+            verdict.add(f"the expected outcome ({plan.kind})", event_id,
+                        f"attempt 1 {got_first}, decision {row.fallback_decision} ({row.fallback_reason}), SMS {got_sms}")
+    return verdict
+
+
+def private_data_in(text: str) -> list[str]:
+    return [pattern.pattern for pattern in PRIVATE if pattern.search(text)]
+
+
+def dump_event(row: Row | None, inboxes: dict[int, list[dict[str, Any]]]) -> str:
+    """One line about an event for a failure message: states and IDs, never content or phones."""
+    if row is None:
+        return "not stored"
+    attempts = {number: (a["state"], a["message_id"], a["error_kind"], a["tries"]) for number, a in row.attempts.items()}
+    sandbox = {inbox: [(m["id"], m["status"], (m.get("external_error") or "")[:6]) for m in found]
+               for inbox, found in inboxes.items()}
+    return (f"notification {row.id} {row.state} decision={row.fallback_decision} ({row.fallback_reason}) "
+            f"attempts={attempts} sandbox={sandbox}")
+
+
+def store_dump(engine: sa.Engine, event_ids: list[str]) -> list[dict[str, Any]]:
+    """The store's rows behind some events (IDs, states, times, delivery summaries; no content or
+    contact data is stored in these tables), for investigating a failed run."""
+    notifications, attempts = Notification.__table__, Attempt.__table__
+    deliveries = WebhookDelivery.__table__
+    dumped = []
+    with engine.connect() as connection:
+        by_message: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for row in connection.execute(sa.select(deliveries).order_by(deliveries.c.id)).mappings():
+            by_message[(row["summary"] or {}).get("message_id")].append(dict(row))
+        for event_id in event_ids:
+            notification = connection.execute(sa.select(notifications).where(
+                notifications.c.event_id == event_id)).mappings().one_or_none()
+            if notification is None:
+                dumped.append({"event_id": event_id, "missing": True})
+                continue
+            tries = [dict(row) for row in connection.execute(sa.select(attempts).where(
+                attempts.c.notification_id == notification["id"]).order_by(attempts.c.number)).mappings()]
+            related = [delivery for row in tries if row["message_id"] is not None
+                       for delivery in by_message.get(row["message_id"], [])]
+            dumped.append({"notification": dict(notification), "attempts": tries, "deliveries": related})
+    return dumped
