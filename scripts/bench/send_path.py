@@ -30,6 +30,7 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from common import cpu_seconds  # noqa: E402  (scripts/bench/common.py, beside this script)
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
 
@@ -141,13 +142,15 @@ def _send_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> 
     for number in range(args.notifications):
         dispatcher.notify(_request(f"bench-{number}", number % args.contacts))
     intake_rate = args.notifications / (time.perf_counter() - started)
-    before = _cpu_by_component(None)
+    before = cpu_seconds([])
     worker = _worker(env, "workers.app", workdir / "send.log", args.concurrency)
     try:
         _wait(lambda: accepted("bench-") >= args.notifications, 900)
-        after = _cpu_by_component(worker.pid)
+        after = cpu_seconds([worker.pid])
     finally:
         _stop(worker)
+    for totals in (before, after):
+        totals.pop("this_process")  # intake ran before this window: only the workers' share counts
     machine_ms = (after.pop("machine") - before.pop("machine")) * 1000 / args.notifications
     CPU_MS_PER_SEND.update({name: round((after[name] - before.get(name, 0.0)) * 1000 / args.notifications, 2) for name in after})
     OTHER_MS_PER_SEND.append(round(machine_ms - sum(CPU_MS_PER_SEND.values()), 2))
@@ -162,34 +165,6 @@ def _send_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> 
 
 CPU_MS_PER_SEND: dict[str, float] = {}
 OTHER_MS_PER_SEND: list[float] = []  # the rest of the machine's busy time meanwhile (other processes)
-
-
-def _cpu_by_component(worker_pid: int | None) -> dict[str, float]:
-    """CPU seconds used so far by the worker tree, PostgreSQL, the sandbox and Redis."""
-    import psutil
-
-    totals = {"workers": 0.0, "postgresql": 0.0, "sandbox": 0.0, "redis": 0.0}
-    if worker_pid is not None:
-        tree = psutil.Process(worker_pid)
-        for process in [tree, *tree.children(recursive=True)]:
-            times = process.cpu_times()
-            totals["workers"] += times.user + times.system
-    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
-        name = process.info["name"] or ""
-        command = " ".join(process.info["cmdline"] or [])
-        times = process.info["cpu_times"]
-        if times is None:
-            continue
-        used = times.user + times.system
-        if name.startswith("postgres"):
-            totals["postgresql"] += used
-        elif "-m sandbox" in command:
-            totals["sandbox"] += used
-        elif name.startswith("redis-server"):
-            totals["redis"] += used
-    busy = psutil.cpu_times()
-    totals["machine"] = busy.user + busy.system + busy.nice + busy.irq + busy.softirq
-    return totals
 
 
 def _request(event_id: str, contact: int) -> dict[str, object]:
