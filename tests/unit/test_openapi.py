@@ -3,7 +3,7 @@
 Checks docs/openapi/messaging-api.yaml against shared/contract/messaging-api.md (operations, paths,
 parameters, the status table, the security scheme), against shared/field-notes.md (the statuses the
 real service adds, marked ``x-source: field-notes``) and against the real request bodies in
-shared/examples/.
+tests/fixtures/examples/ (copied from the team's shared examples; their source is in its README).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
+from tests.support.fixtures import EXAMPLES
 from tests.support.openapi import (
     load_spec,
     operations_by_id,
@@ -25,7 +26,7 @@ from tests.support.openapi import (
     validation_errors,
 )
 
-EXAMPLES_DIR = (Path(__file__).resolve().parents[2] / "../shared/examples").resolve()
+EXAMPLES_DIR = EXAMPLES
 
 BASE = "/api/v1/accounts/{account_id}"
 
@@ -103,7 +104,7 @@ def _parameters(spec: dict[str, Any], path: str, operation: dict[str, Any]) -> d
 
 def _examples_dir() -> Path:
     if not EXAMPLES_DIR.is_dir():
-        pytest.fail(f"shared request examples not found at {EXAMPLES_DIR} (expected <repo>/../shared/examples)")
+        pytest.fail(f"request examples not found at {EXAMPLES_DIR}")
     return EXAMPLES_DIR
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 from sandbox_helpers import FAST_CONFIG, Api, message_status, wait_for
 
+from tests.support.fixtures import EXAMPLES
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
 pytestmark = pytest.mark.integration
@@ -105,10 +105,7 @@ def test_spanish_template_and_one_param_template(fast_api: Api, fast_sandbox: Sa
 
 
 def test_shared_template_example_body_shape_is_accepted(fast_api: Api, fast_sandbox: SandboxProcess) -> None:
-    path = Path("/work/shared/examples/swagger_message_create_whatsapp_template_image_header.request.json")
-    if not path.exists():
-        pytest.skip("shared example not available")
-    body = json.loads(path.read_text())
+    body = json.loads((EXAMPLES / "swagger_message_create_whatsapp_template_image_header.request.json").read_text())
     conv = fast_api.conversation(1, phone_number="+15557000005")
     response = fast_api.send(conv["id"], body)
     assert response.status_code == 200

@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from dispatcher.api import WorkspaceClient
+from tests.support.fixtures import EXAMPLES as FIXTURE_EXAMPLES
 
 SECRET_TOKEN = "tok-S3cr3t-9f8e7d6c5b4a"
 BASE_URL = "https://workspace.example"
 ACCOUNT_ID = 7
 PREFIX = f"/api/v1/accounts/{ACCOUNT_ID}"
-EXAMPLES = Path(__file__).resolve().parents[3].parent / "shared" / "examples"
+EXAMPLES = FIXTURE_EXAMPLES  # request bodies from the service's public material
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
