@@ -14,9 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from pydantic import ValidationError
+
 from dispatcher import metrics, store, tracking
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
+from dispatcher.webhooks.events import EventSummary
 
 BATCH = 100
 DELIVERY_GRACE_S = 30.0  # a delivery's own task normally runs within this
@@ -65,8 +68,12 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
             return "missing"
         if delivery.processed_at is not None:
             return "already_processed"
-        summary = dict(delivery.summary)
-    outcome = tracking.apply_event(summary, ctx, enqueuer)
+        # Back to the typed record the receiver stored, so times are datetimes again, not JSON strings.
+        try:
+            summary: EventSummary | None = EventSummary.model_validate(delivery.summary)
+        except ValidationError:
+            summary = None  # not written by this version's receiver: retrying cannot make it readable
+    outcome = tracking.apply_event(summary, ctx, enqueuer) if summary is not None else "ignored_unreadable"
     metrics.OUTCOMES.labels(result=outcome).inc()
     with ctx.sessions.begin() as session:
         store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())

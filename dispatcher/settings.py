@@ -42,6 +42,7 @@ CONFIG_FILE_VARIABLE = "DISPATCHER_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///var/dispatcher.sqlite"
 DEFAULT_BROKER_URL = "filesystem://var/broker"  # see docs/embedded-broker.md
 
+AUTO_HEADER_PREFIXES = ("Chatwoot", "Service")  # a stock workspace's dialect, the contract's
 _HEADER_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9]*(-[A-Za-z0-9]+)*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
@@ -119,7 +120,8 @@ class Settings(BaseSettings):
 
     # Webhooks.
     webhook_secrets: SecretList = Field(default_factory=list)
-    webhook_header_prefix: str = "Service"
+    # "auto": X-Chatwoot-* (a stock workspace) or X-Service-* (the contract), whichever comes.
+    webhook_header_prefix: str = "auto"
     webhook_replay_window_s: int = Field(default=300, gt=0, le=3600)
     webhook_max_body_bytes: int = Field(default=1_048_576, gt=0)
     webhook_path: str = "/webhooks/messaging"
@@ -207,9 +209,16 @@ class Settings(BaseSettings):
     @field_validator("webhook_header_prefix")
     @classmethod
     def _header_prefix(cls, value: str) -> str:
-        if not _HEADER_PREFIX.match(value):
-            raise ValueError("must be a header word such as Service or Chatwoot")
+        if value != "auto" and not _HEADER_PREFIX.match(value):
+            raise ValueError("must be auto or a header word such as Service or Chatwoot")
         return value
+
+    @property
+    def webhook_header_prefixes(self) -> tuple[str, ...]:
+        """The header dialects the receiver takes: both known ones for ``auto``, else the one named."""
+        if self.webhook_header_prefix == "auto":
+            return AUTO_HEADER_PREFIXES
+        return (self.webhook_header_prefix,)
 
     @field_validator("webhook_path")
     @classmethod

@@ -31,6 +31,7 @@ from dispatcher.states import (
     attempt_state_from_status,
     notification_state_for,
 )
+from dispatcher.webhooks.events import EventSummary
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +59,20 @@ def fallback_rules(ctx: SendContext) -> FallbackRules:
     )
 
 
-def apply_event(summary: dict[str, Any], ctx: SendContext, enqueuer: Enqueuer) -> str:
+def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer) -> str:
     """Apply one webhook event summary; return what happened, as a short word for the record."""
-    event = summary.get("event")
-    if event == "message_created" and summary.get("message_type") == "incoming":
+    event = summary.event
+    if event == "message_created" and summary.message_type == "incoming":
         return open_window(summary, ctx)
-    if event not in ("message_created", "message_updated") or summary.get("message_id") is None:
+    if event not in ("message_created", "message_updated") or summary.message_id is None:
         return "ignored"
-    message_id = int(summary["message_id"])
+    message_id = summary.message_id
     with ctx.sessions() as session:
         attempt = store.attempt_by_message(session, message_id)
         conversation_id = attempt.conversation_id if attempt is not None else None
     if attempt is None:
         return "ignored_not_ours"
-    status, external_error = summary.get("status"), summary.get("external_error")
+    status, external_error = summary.status, summary.external_error
     if status is None:
         if event == "message_created":
             return "ignored_no_status"  # our own message announced: nothing new to learn
@@ -83,18 +84,19 @@ def apply_event(summary: dict[str, Any], ctx: SendContext, enqueuer: Enqueuer) -
     return apply_outcome(Outcome(message_id, status, external_error), ctx, enqueuer)
 
 
-def open_window(summary: dict[str, Any], ctx: SendContext) -> str:
-    """An incoming customer message opens the 24-hour customer-service window for the pair."""
-    contact_id, inbox_id = summary.get("contact_id"), summary.get("inbox_id")
-    if contact_id is None or inbox_id is None:
+def open_window(summary: EventSummary, ctx: SendContext) -> str:
+    """An incoming customer message opens the 24-hour customer-service window for the pair.
+
+    The window opens at the message's own time, never later than now: a sender's clock ahead of
+    ours must not stretch the window past 24 hours.
+    """
+    if summary.contact_id is None or summary.inbox_id is None:
         return "ignored_incoming_without_ids"
+    now = ctx.clock()
+    at = min(summary.created_at, now) if summary.created_at is not None else now
     with ctx.sessions.begin() as session:
         store.open_service_window(
-            session,
-            account_id=ctx.settings.account_id,
-            contact_id=int(contact_id),
-            inbox_id=int(inbox_id),
-            at=summary.get("created_at") or ctx.clock(),
+            session, account_id=ctx.settings.account_id, contact_id=summary.contact_id, inbox_id=summary.inbox_id, at=at
         )
     return "window_opened"
 

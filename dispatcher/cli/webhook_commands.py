@@ -13,7 +13,7 @@ import click
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from dispatcher.api import WorkspaceClient
+from dispatcher.api import Rejected, WorkspaceClient
 from dispatcher.settings import load_settings
 
 APP_FACTORY = "dispatcher.webhooks.receiver:app_from_environment"
@@ -75,7 +75,14 @@ def register_command(ctx: click.Context, url: str, name: str | None) -> None:
     settings = load_settings()
     transport = (ctx.obj or {}).get("transport")  # tests hand in an httpx transport
     with WorkspaceClient.from_settings(settings, transport=transport) as client:
-        webhook = client.create_webhook(url=url, subscriptions=list(SUBSCRIPTIONS), name=name)
+        try:
+            webhook = client.create_webhook(url=url, subscriptions=list(SUBSCRIPTIONS), name=name)
+        except Rejected as refusal:
+            registered = any(hook.url == url for hook in client.list_webhooks())
+            reason = ("a webhook for this URL exists already, and a stock workspace keeps one per URL: keep using"
+                      " the secret it was registered with" if registered else "check the URL (http or https)")
+            click.echo(f"error: the workspace refused the webhook (HTTP {refusal.status_code}): {reason}", err=True)
+            raise SystemExit(1) from None
     click.echo(f"webhook {webhook.id} registered for {', '.join(SUBSCRIPTIONS)}")
     if webhook.secret is None or not webhook.secret.get_secret_value():
         click.echo("error: the workspace returned no signing secret", err=True)

@@ -71,7 +71,7 @@ def summarize(payload: Mapping[str, Any]) -> EventSummary | None:
         conversation_display_id=_id(conversation.get("id")),
         inbox_id=_id(_mapping(payload.get("inbox")).get("id")),
         account_id=_id(_mapping(payload.get("account")).get("id")),
-        contact_id=_contact_id(payload, conversation),
+        contact_id=_contact_id(payload, conversation, incoming=_choice(payload.get("message_type"), _TYPES) == "incoming"),
         created_at=_time(payload.get("created_at")),
     )
 
@@ -107,10 +107,15 @@ def _external_error(payload: Mapping[str, Any]) -> str | None:
     return error[:ERROR_MAX_CHARS] if isinstance(error, str) and error else None
 
 
-def _contact_id(payload: Mapping[str, Any], conversation: Mapping[str, Any]) -> int | None:
-    """The conversation's contact: the sender of an incoming message, else the conversation's."""
+def _contact_id(payload: Mapping[str, Any], conversation: Mapping[str, Any], *, incoming: bool) -> int | None:
+    """The conversation's contact: the sender of an incoming message, else the conversation's.
+
+    A stock sender has no ``type`` key (the contact's webhook shape); the contract's says "contact".
+    An incoming message's sender is the contact either way, unless it says it is something else.
+    """
     sender = _mapping(payload.get("sender"))
-    if str(sender.get("type", "")).lower() == "contact" and _id(sender.get("id")):
+    sender_type = str(sender.get("type", "contact" if incoming else "")).lower()
+    if sender_type == "contact" and _id(sender.get("id")):
         return _id(sender.get("id"))
     meta_sender = _mapping(_mapping(conversation.get("meta")).get("sender"))
     if str(meta_sender.get("type", "contact")).lower() == "contact" and _id(meta_sender.get("id")):

@@ -63,8 +63,9 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     """The receiver app. ``sessions`` defaults to the settings' database, ``publish`` to a Celery
     producer on the settings' broker; ``clock`` (unix seconds) is "now" for the replay window."""
     secrets = [secret.get_secret_value() for secret in settings.webhook_secrets]
-    prefix, window_s, limit = settings.webhook_header_prefix, settings.webhook_replay_window_s, settings.webhook_max_body_bytes
-    delivery_header = f"x-{prefix.lower()}-delivery"
+    prefixes = settings.webhook_header_prefixes
+    window_s, limit = settings.webhook_replay_window_s, settings.webhook_max_body_bytes
+    delivery_headers = [f"x-{prefix.lower()}-delivery" for prefix in prefixes]
     if not any(secrets):
         log.error("no webhook secret configured: every delivery is refused (set DISPATCHER_WEBHOOK_SECRETS)")
     owned: list[Any] = []
@@ -93,12 +94,12 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         try:
             body = await _read_body(request, limit)
             now = clock()
-            verified = verify_delivery(request.headers, body, secrets=secrets, prefix=prefix,
+            verified = verify_delivery(request.headers, body, secrets=secrets, prefixes=prefixes,
                                        window_s=window_s, now=now)
             summary = _summary(body)
         except WebhookRejected as refusal:
             WEBHOOK_VERDICTS.labels(verdict=refusal.reason).inc()
-            delivery_id = request.headers.get(delivery_header, "")
+            delivery_id = next((request.headers[name] for name in delivery_headers if name in request.headers), "")
             log.warning("webhook delivery %s refused: %s (%d)",
                         delivery_id if DELIVERY_ID.fullmatch(delivery_id) else "-", refusal.reason, refusal.status_code)
             return _refusal(refusal.reason, refusal.status_code)

@@ -2,7 +2,8 @@
 
 1. a secret is configured                          else ``no_secret_configured`` (503)
 2. the headers are present (dialect renamed first) else ``missing_header``: 401 for the
-   signature (an unsigned delivery), 400 for the delivery id or the timestamp
+   signature (an unsigned delivery), 400 for the delivery id or the timestamp; headers of two
+   dialects in one delivery are ``malformed_header`` (400): which set was signed would be a guess
 3. the headers are well formed                     else ``malformed_header`` (400):
    delivery id 1-200 visible ASCII characters; timestamp 1-12 ASCII digits (no sign, space,
    underscore or other digits; leading zeros allowed); signature ``sha256=`` + 64 hex digits
@@ -38,31 +39,36 @@ class VerifiedDelivery:
     timestamp: int  # unix seconds, as signed
 
 
-def dialect_headers(headers: Mapping[str, str], prefix: str) -> dict[str, str]:
-    """``X-<prefix>-Delivery`` etc. (any case) renamed to ``delivery``, ``timestamp``, ``signature``.
+def dialect_headers(headers: Mapping[str, str], prefixes: Sequence[str]) -> dict[str, str]:
+    """``X-<prefix>-Delivery`` etc. (any case) renamed to ``delivery``, ``timestamp``, ``signature``,
+    for whichever of ``prefixes`` the delivery uses (a stock workspace says ``Chatwoot``, the
+    contract ``Service``).
 
-    A header that comes twice is refused: which copy was signed would be a guess.
+    A header that comes twice, or headers of two dialects, are refused: which was signed would be a guess.
     """
-    wanted = {f"x-{prefix.lower()}-{name}": name for name in _NAMES}
+    wanted = {f"x-{prefix.lower()}-{name}": (prefix.lower(), name) for prefix in prefixes for name in _NAMES}
     found: dict[str, str] = {}
+    dialects: set[str] = set()
     items = headers.multi_items() if hasattr(headers, "multi_items") else headers.items()
     for key, value in items:
-        name = wanted.get(key.lower())
-        if name is not None:
-            if name in found:
+        hit = wanted.get(key.lower())
+        if hit is not None:
+            dialect, name = hit
+            dialects.add(dialect)
+            if name in found or len(dialects) > 1:
                 raise WebhookRejected("malformed_header", status_code=400)
             found[name] = value
     return found
 
 
-def verify_delivery(headers: Mapping[str, str], body: bytes, *, secrets: Sequence[str], prefix: str,
+def verify_delivery(headers: Mapping[str, str], body: bytes, *, secrets: Sequence[str], prefixes: Sequence[str],
                     window_s: int, now: float) -> VerifiedDelivery:
     """Return the delivery id and timestamp of a genuine delivery; raise WebhookRejected otherwise."""
     keys = [secret.encode("utf-8") for secret in secrets if secret]
     if not keys:
         raise WebhookRejected("no_secret_configured", status_code=503)
 
-    found = dialect_headers(headers, prefix)
+    found = dialect_headers(headers, prefixes)
     if "signature" not in found:
         raise WebhookRejected("missing_header", status_code=401)
     if "delivery" not in found or "timestamp" not in found:

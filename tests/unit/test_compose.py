@@ -268,7 +268,7 @@ REQUIRED_SHELL = {
 @pytest.mark.parametrize(
     ("shell", "header_prefix", "webhook_secrets"),
     [
-        (REQUIRED_SHELL, "Service", []),  # the file's defaults for everything optional
+        (REQUIRED_SHELL, "auto", []),  # the file's defaults for everything optional
         ({**REQUIRED_SHELL, "DISPATCHER_WEBHOOK_HEADER_PREFIX": "Chatwoot", "DISPATCHER_WEBHOOK_SECRETS": "new,old"},
          "Chatwoot", ["new", "old"]),
     ],

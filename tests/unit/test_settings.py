@@ -50,7 +50,8 @@ def test_defaults_need_no_server(env: pytest.MonkeyPatch) -> None:
     settings = load_settings(**REQUIRED)
     assert settings.database_url.startswith("sqlite:///")
     assert settings.broker_url == "filesystem://var/broker"
-    assert settings.webhook_header_prefix == "Service"
+    assert settings.webhook_header_prefix == "auto"
+    assert settings.webhook_header_prefixes == ("Chatwoot", "Service")  # a stock workspace, or the contract
     assert settings.webhook_replay_window_s == 300
 
 

@@ -22,6 +22,7 @@ from dispatcher.reconcile import tracking_sweep
 from dispatcher.request import parse_request
 from dispatcher.send import Outcome
 from dispatcher.tracking import apply_event
+from dispatcher.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
@@ -79,8 +80,8 @@ def _sandbox_status(sandbox: SandboxProcess, message_id: int, wanted: set[str]) 
     raise AssertionError(f"sandbox message {message_id} never reached {wanted}")
 
 
-def _updated(message_id: int, status: str | None, external_error: str | None = None) -> dict[str, Any]:
-    return {"event": "message_updated", "message_id": message_id, "status": status, "external_error": external_error}
+def _updated(message_id: int, status: str | None, external_error: str | None = None) -> EventSummary:
+    return EventSummary(event="message_updated", message_id=message_id, status=status, external_error=external_error)
 
 
 def test_outcomes_move_forward_only_and_apply_once(context: SendContext, enqueuer: ListEnqueuer) -> None:
@@ -161,8 +162,8 @@ def test_an_event_without_status_is_read_from_the_stored_conversation(
     assert record.message_id is not None
     _sandbox_status(sandbox, record.message_id, {"read"})
     # A stock payload: no status, and a conversation id that is NOT the display id
-    event = {"event": "message_updated", "message_id": record.message_id, "status": None,
-             "conversation_display_id": 999_999}
+    event = EventSummary(event="message_updated", message_id=record.message_id, status=None,
+                         conversation_display_id=999_999)
     assert apply_event(event, context, enqueuer) == "applied_read"
     assert intake.status(context.sessions, "trk-nostatus").state == "read"
 
@@ -217,8 +218,9 @@ def test_an_incoming_message_opens_the_window_for_free_text(
         assert first.attempts[0].message_id is not None
         contact_id = next(m for m in sandbox.messages() if m["id"] == first.message_id)["contact_id"]
         # The customer writes in (as the receiver summarises message_created, incoming)
-        outcome = apply_event({"event": "message_created", "message_type": "incoming", "message_id": 5,
-                               "contact_id": contact_id, "inbox_id": 1, "created_at": ctx.clock()}, ctx, enqueuer)
+        incoming = EventSummary(event="message_created", message_type="incoming", message_id=5,
+                                contact_id=contact_id, inbox_id=1, created_at=ctx.clock())
+        outcome = apply_event(incoming, ctx, enqueuer)
         assert outcome == "window_opened"
         _send(ctx, reminder("trk-win-2", identifier="trk-p8", phone="+15550400008"))
         second = intake.status(ctx.sessions, "trk-win-2")

@@ -153,3 +153,22 @@ def test_no_content_names_phones_or_emails_in_the_summary() -> None:
 def test_the_summary_is_frozen() -> None:
     with pytest.raises(ValidationError):
         summary().status = "read"  # type: ignore[misc]
+
+
+def test_a_stock_incoming_sender_without_type_is_the_contact() -> None:
+    # the stock contact shape: account, additional_attributes, avatar, ..., blocked; no "type"
+    stock_sender = {"account": {"id": 1, "name": "Demo Clinic"}, "additional_attributes": {}, "avatar": "",
+                    "custom_attributes": {}, "email": None, "id": 55, "identifier": None, "name": "Ada",
+                    "phone_number": PHONE, "thumbnail": "", "blocked": False}
+    payload = message_event(event="message_created", message_type="incoming", sender=stock_sender,
+                            created_at="2026-05-28T20:26:39.123Z")
+    del payload["status"]
+    got = summarize(payload)
+    assert got is not None
+    assert (got.message_type, got.contact_id, got.status) == ("incoming", 55, None)
+    assert got.created_at == datetime(2026, 5, 28, 20, 26, 39, 123000, tzinfo=UTC)
+
+
+def test_an_outgoing_sender_without_type_is_not_taken_for_the_contact() -> None:
+    got = summarize(message_event(sender={"id": 9, "name": "Agent"}))
+    assert got is not None and got.contact_id == 33  # the conversation's contact, not the agent

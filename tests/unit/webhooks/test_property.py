@@ -62,7 +62,8 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str], tuple[int, ..
     secret = draw(st.sampled_from([SECRET, OLD_SECRET]))
     timestamp = str(NOW + draw(st.integers(-WINDOW_S, WINDOW_S)))
     delivery_id = f"prop-{next(_ids)}-{draw(st.text(ID_CHARS, max_size=8))}"
-    prefix, expected = "Service", (200,)
+    # the receiver's default takes both dialects: the stock one and the contract's
+    prefix, expected = draw(st.sampled_from(["Chatwoot", "Service"])), (200,)
     signed_body = body
 
     if spoiler == "tamper":
@@ -100,7 +101,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str], tuple[int, ..
         ))
         expected = (400,)
     elif spoiler == "other_dialect":
-        prefix = "Chatwoot"
+        prefix = "Acme"  # a dialect the receiver does not take: the signature counts as missing
         expected = (401,)
 
     if spoiler != "tamper":
@@ -117,7 +118,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str], tuple[int, ..
                f"X-{prefix}-Signature": signature}
     if spoiler == "missing":
         name = draw(st.sampled_from(["Delivery", "Timestamp", "Signature"]))
-        del headers[f"X-Service-{name}"]
+        del headers[f"X-{prefix}-{name}"]
         expected = (401,) if name == "Signature" else (400,)
     style = draw(st.integers(0, 2))
     headers = {header_case(name, style): value for name, value in headers.items()}

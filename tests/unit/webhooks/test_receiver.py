@@ -49,6 +49,14 @@ def test_stock_dialect_with_prefix_chatwoot(tmp_path: Path) -> None:
         assert [row.delivery_id for row in receiver.rows()] == ["cw-1"]
 
 
+def test_by_default_both_dialects_are_taken(tmp_path: Path) -> None:
+    with running_receiver(tmp_path) as receiver:
+        stock = receiver.post(BODY, signed_headers(BODY, prefix="Chatwoot", delivery_id="cw-1"))
+        contract = receiver.post(BODY, signed_headers(BODY, prefix="Service", delivery_id="sv-1"))
+        assert stock.status_code == 200 and contract.status_code == 200
+        assert sorted(row.delivery_id for row in receiver.rows()) == ["cw-1", "sv-1"]
+
+
 def test_rotation_through_the_app(tmp_path: Path) -> None:
     old_signed = signed_headers(BODY, secret=OLD_SECRET, delivery_id="rot-1")
     with running_receiver(tmp_path / "both", webhook_secrets=[SECRET, OLD_SECRET]) as both:

@@ -15,7 +15,7 @@ BODY = encode(message_event())
 
 
 def verify(headers: dict[str, str], body: bytes = BODY, **options: Any) -> VerifiedDelivery:
-    arguments: dict[str, Any] = {"secrets": [SECRET], "prefix": "Service", "window_s": 300, "now": float(NOW)}
+    arguments: dict[str, Any] = {"secrets": [SECRET], "prefixes": ["Service"], "window_s": 300, "now": float(NOW)}
     arguments.update(options)
     return verify_delivery(headers, body, **arguments)
 
@@ -151,12 +151,26 @@ def test_the_key_is_the_secret_strings_utf8_bytes() -> None:
 
 def test_chatwoot_headers_with_prefix_chatwoot() -> None:
     headers = signed_headers(BODY, prefix="Chatwoot")
-    assert verify(headers, prefix="Chatwoot").delivery_id == "d-1"
+    assert verify(headers, prefixes=["Chatwoot"]).delivery_id == "d-1"
 
 
 def test_only_the_configured_dialect_is_read() -> None:
-    assert refusal(signed_headers(BODY, prefix="Service"), prefix="Chatwoot") == ("missing_header", 401)
-    assert refusal(signed_headers(BODY, prefix="Chatwoot"), prefix="Service") == ("missing_header", 401)
+    assert refusal(signed_headers(BODY, prefix="Service"), prefixes=["Chatwoot"]) == ("missing_header", 401)
+    assert refusal(signed_headers(BODY, prefix="Chatwoot"), prefixes=["Service"]) == ("missing_header", 401)
+
+
+def test_with_both_dialects_allowed_either_verifies() -> None:
+    both = ["Chatwoot", "Service"]
+    assert verify(signed_headers(BODY, prefix="Chatwoot", delivery_id="cw"), prefixes=both).delivery_id == "cw"
+    assert verify(signed_headers(BODY, prefix="Service", delivery_id="sv"), prefixes=both).delivery_id == "sv"
+
+
+def test_headers_of_two_dialects_in_one_delivery_are_malformed() -> None:
+    # given a correctly signed stock delivery that also carries a contract-dialect delivery id
+    headers = signed_headers(BODY, prefix="Chatwoot")
+    headers["X-Service-Delivery"] = "other"
+    # then which set was signed would be a guess: refused
+    assert refusal(headers, prefixes=["Chatwoot", "Service"]) == ("malformed_header", 400)
 
 
 # -- the exact timestamp string --------------------------------------------------------------
