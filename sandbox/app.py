@@ -39,18 +39,21 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return json_error(500, "Internal server error")
 
 
-def create_app(config: SandboxConfig | None = None) -> Starlette:
-    """A fresh sandbox on the given configuration (the default seed if None)."""
-    sandbox = Sandbox(config or load_config())
+def create_app(config: SandboxConfig | None = None, *, sandbox: Sandbox | None = None) -> Starlette:
+    """The app around ``sandbox``, or a fresh in-memory one on ``config`` (the default seed if None)."""
+    if sandbox is None:
+        sandbox = Sandbox(config or load_config())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await sandbox.webhooks.start()
+        sandbox.resume()
         log.info("sandbox ready: %d accounts, %d inboxes", len(sandbox.store.accounts), len(sandbox.store.inboxes))
         try:
             yield
         finally:
             await sandbox.webhooks.stop()
+            sandbox.close()  # here, not after uvicorn returns: on SIGTERM it re-raises the signal
 
     app = Starlette(
         routes=[*contract_routes.routes, *inspect_routes.routes],

@@ -119,14 +119,21 @@ class WebhookCreate(Body):
 
 
 class Incoming(Body):
-    """``POST /_sandbox/incoming``: a customer's message, ``age_s`` seconds ago."""
+    """``POST /_sandbox/incoming``: a customer's message, ``age_s`` seconds ago, in a conversation
+    (its display id) or on a contact/inbox pair."""
 
     account_id: int = 1
-    contact_id: int
-    inbox_id: int
+    contact_id: int | None = None
+    inbox_id: int | None = None
     conversation_id: int | None = None
     content: str = "Hello"
     age_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _where(self) -> Incoming:
+        if self.conversation_id is None and (self.contact_id is None or self.inbox_id is None):
+            raise ValueError("give conversation_id, or contact_id and inbox_id")
+        return self
 
 
 def describe_errors(errors: list[dict[str, Any]]) -> list[dict[str, str]]:

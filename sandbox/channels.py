@@ -10,10 +10,17 @@ Rules, checked in this order for an outgoing, non-private message without ``sour
 1. business-messaging platform (``Channel::Whatsapp``) with ``template_params``: unknown template or
    language -> ``132001``; wrong number of body parameters -> ``132000``;
 2. platform, free text outside the customer-service window -> ``131047``;
-3. recipient rules by phone prefix: ``fail`` with their external_error, or ``never_confirm``.
+3. recipient rules by phone prefix: ``fail`` with their external_error, ``never_confirm``, or
+   ``regress`` (delivered, then a late ``sent``, then read: the field's out-of-order callbacks).
+
+On the platform and SMS channels the provider takes the message first: ``provider_id_after_s``
+after the send, the message gets the provider's id as its ``source_id`` (``wamid.…`` / ``SM…``)
+and a ``message_updated`` announces it while the status is still ``sent``, as the real service
+does. A request the provider refuses at once (template errors, throughput) gets no provider id.
 
 Timers are ``loop.call_later`` callbacks, cheap enough for thousands of messages a second. Each
-transition is chained from the previous one, so ``read`` can never overtake ``delivered``.
+transition is chained from the previous one, so ``read`` can never overtake ``delivered``. The
+plan is kept on the message, so a restarted sandbox resumes what its timers had left to do.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sandbox.config import CHANNEL_PLATFORM, Behaviour, Inbox, RecipientRule
+from sandbox.config import CHANNEL_PLATFORM, CHANNEL_SMS, Behaviour, Inbox, RecipientRule
 from sandbox.records import ContactRec, MessageRec
 from sandbox.state import Store
 
@@ -35,6 +42,8 @@ ERROR_PARAM_COUNT = "132000: Number of parameters does not match the expected nu
 ERROR_NO_TEMPLATE = "132001: Template name does not exist in the translation"
 ERROR_THROUGHPUT = "130429: Rate limit hit"
 TEMPLATE_SECTIONS = frozenset({"body", "header", "buttons", "footer"})
+# Refused by the provider in its answer to the send, so no provider message id ever exists.
+SYNCHRONOUS_ERRORS = frozenset({ERROR_PARAM_COUNT, ERROR_NO_TEMPLATE, ERROR_THROUGHPUT})
 
 
 class SlidingWindow:
@@ -76,12 +85,19 @@ def template_error(inbox: Inbox, template_params: dict[str, Any]) -> str | None:
     return None
 
 
+Effect = Literal["progress", "fail", "never_confirm", "regress", "hold"]
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the channel will do with an accepted outgoing message."""
 
-    effect: Literal["progress", "fail", "never_confirm", "hold"]
+    effect: Effect
     external_error: str | None = None
+
+    @property
+    def reaches_provider(self) -> bool:
+        return self.effect != "hold" and self.external_error not in SYNCHRONOUS_ERRORS
 
 
 def matching_rule(rules: list[RecipientRule], inbox: Inbox, contact: ContactRec) -> RecipientRule | None:
@@ -135,20 +151,55 @@ class Channels:
         if rule is not None:
             if rule.effect == "fail":
                 return Plan("fail", rule.external_error)
-            return Plan("never_confirm")
+            return Plan(rule.effect)
         return Plan("progress")
 
     def start(self, message: MessageRec, plan: Plan) -> None:
-        loop = asyncio.get_running_loop()
-        if plan.effect == "fail":
-            loop.call_later(self.behaviour.failed_after_s, self._fail, message, plan.external_error)
-        elif plan.effect == "progress":
-            loop.call_later(self.behaviour.delivered_after_s, self._advance, message, "delivered")
+        """Play out ``plan`` for a just-stored message (its plan is kept on the message)."""
+        message.plan_effect, message.plan_error = plan.effect, plan.external_error
+        self._schedule(message, elapsed_s=0.0)
 
-    def _fail(self, message: MessageRec, error: str | None) -> None:
+    def resume(self, message: MessageRec) -> None:
+        """After a restart: carry on from the message's stored status, with full delays."""
+        if message.status in ("failed", "read"):
+            return
+        if message.status == "delivered":
+            self._after_delivered(message)
+        else:
+            self._schedule(message, elapsed_s=0.0)
+
+    def _provider_prefix(self, message: MessageRec) -> str | None:
+        kind = self.store.inboxes[message.inbox_id].channel_type
+        plan = Plan(message.plan_effect, message.plan_error)  # type: ignore[arg-type]
+        if message.source_id is not None or not plan.reaches_provider:
+            return None
+        return {CHANNEL_PLATFORM: "wamid.", CHANNEL_SMS: "SM"}.get(kind)
+
+    def _schedule(self, message: MessageRec, *, elapsed_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        prefix = self._provider_prefix(message)
+        if prefix is not None:
+            delay = self.behaviour.provider_id_after_s
+            loop.call_later(delay, self._acknowledge, message, prefix, delay)
+        elif message.plan_effect == "fail":
+            loop.call_later(max(0.0, self.behaviour.failed_after_s - elapsed_s), self._fail, message)
+        elif message.plan_effect in ("progress", "regress"):
+            loop.call_later(max(0.0, self.behaviour.delivered_after_s - elapsed_s), self._advance, message, "delivered")
+
+    def _acknowledge(self, message: MessageRec, prefix: str, elapsed_s: float) -> None:
+        """The provider took the message: its id becomes the source_id; the status stays as it is."""
         if self.cancelled or message.status == "failed":
             return
-        message.content_attributes["external_error"] = error or ERROR_UNDELIVERABLE
+        message.source_id = prefix + self.store.provider_message_id(prefix)
+        message.updated_at = self.store.clock()
+        self.store.save_message(message)
+        self.on_status(message)
+        self._schedule(message, elapsed_s=elapsed_s)
+
+    def _fail(self, message: MessageRec) -> None:
+        if self.cancelled or message.status == "failed":
+            return
+        message.content_attributes["external_error"] = message.plan_error or ERROR_UNDELIVERABLE
         self._set(message, "failed")
 
     def _advance(self, message: MessageRec, status: str) -> None:
@@ -156,9 +207,25 @@ class Channels:
             return
         self._set(message, status)
         if status == "delivered":
-            asyncio.get_running_loop().call_later(self.behaviour.read_after_s, self._advance, message, "read")
+            self._after_delivered(message)
+
+    def _after_delivered(self, message: MessageRec) -> None:
+        loop = asyncio.get_running_loop()
+        if message.plan_effect == "regress":
+            loop.call_later(self.behaviour.read_after_s / 2, self._regress, message)
+        else:
+            loop.call_later(self.behaviour.read_after_s, self._advance, message, "read")
+
+    def _regress(self, message: MessageRec) -> None:
+        """A late ``sent`` callback after ``delivered``: the stored status goes back, as in the field."""
+        if self.cancelled or message.status != "delivered":
+            return
+        message.plan_effect = "progress"  # once: after a restart it is not played again
+        self._set(message, "sent")
+        asyncio.get_running_loop().call_later(self.behaviour.read_after_s / 2, self._advance, message, "read")
 
     def _set(self, message: MessageRec, status: str) -> None:
         message.status = status
         message.updated_at = self.store.clock()
+        self.store.save_message(message)
         self.on_status(message)

@@ -20,7 +20,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, Profile, ProfileName
+
 SEED_KEYS = ("accounts", "tokens", "inboxes", "contacts", "recipient_rules")
+# Settings whose default comes from the profile when a file leaves them out: (table, key, field).
+PROFILE_SETTINGS = (
+    ("webhooks", "header_prefix", "header_prefix"),
+    ("webhooks", "include_status", "event_status"),
+    ("webhooks", "max_retries", "webhook_retries"),
+    ("behaviour", "contact_search_per_minute", "contact_search_per_minute"),
+)
 OPERATION_IDS = (
     "listInboxes",
     "searchContacts",
@@ -86,11 +95,14 @@ class Contact(_Strict):
 
 
 class RecipientRule(_Strict):
-    """Outcome for outgoing messages to phones starting with ``phone_prefix`` on ``inbox_ids``."""
+    """Outcome for outgoing messages to phones starting with ``phone_prefix`` on ``inbox_ids``.
+
+    ``regress``: delivered, then a late ``sent`` (the provider's callbacks out of order), then read.
+    """
 
     phone_prefix: str
     inbox_ids: list[int] = []
-    effect: Literal["fail", "never_confirm"] = "fail"
+    effect: Literal["fail", "never_confirm", "regress"] = "fail"
     external_error: str = "131026: Message undeliverable"
 
 
@@ -102,19 +114,20 @@ class Behaviour(_Strict):
     service_window_s: float = Field(86400.0, gt=0)
     conversation_messages_per_minute: int = Field(200, ge=1)
     over_send_cap: Literal["reject", "fail"] = "reject"
-    contact_search_per_minute: int = Field(0, ge=0, description="0 = unlimited")
+    contact_search_per_minute: int = Field(100, ge=0, description="0 = unlimited; default from the profile")
+    provider_id_after_s: float = Field(0.05, ge=0, description="platform/SMS: provider message id announced")
     random_seed: int = 20240601
 
 
 class Webhooks(_Strict):
-    header_prefix: str = "Service"
-    include_status: bool = True
+    header_prefix: str = "Chatwoot"  # this and the next two: default from the profile
+    include_status: bool = False
     delay_s: float = Field(0.0, ge=0)
     duplicate_share: float = Field(0.0, ge=0, le=1)
     reorder_share: float = Field(0.0, ge=0, le=1)
     reorder_hold_s: float = Field(1.0, ge=0)
     drop_share: float = Field(0.0, ge=0, le=1)
-    max_retries: int = Field(2, ge=0, le=20)
+    max_retries: int = Field(0, ge=0, le=20)
     retry_delay_s: float = Field(0.5, ge=0)
     timeout_s: float = Field(5.0, gt=0)
     concurrency: int = Field(2, ge=1, le=64)
@@ -145,6 +158,7 @@ def validate_faults(raw: dict[str, Any]) -> dict[str, Fault]:
 
 
 class SandboxConfig(_Strict):
+    profile: ProfileName = DEFAULT_PROFILE
     accounts: list[Account]
     tokens: list[Token]
     inboxes: list[Inbox]
@@ -174,14 +188,27 @@ class SandboxConfig(_Strict):
         validate_faults({op: f.model_dump() for op, f in self.faults.items()})
         return self
 
+    @property
+    def dialect(self) -> Profile:
+        """The shapes and rules of the chosen profile (see sandbox/profiles.py)."""
+        return PROFILES[self.profile]
+
 
 def _read_default_text() -> str:
     return resources.files("sandbox").joinpath("seed.default.toml").read_text(encoding="utf-8")
 
 
-def merge_documents(default: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Apply the merging rule in the module docstring to two parsed TOML documents."""
+def merge_documents(
+    default: dict[str, Any], override: dict[str, Any], *, profile: str | None = None
+) -> dict[str, Any]:
+    """Apply the merging rule in the module docstring to two parsed TOML documents.
+
+    ``profile`` (the command line's ``--profile``) wins over the files' ``profile`` key. Profile
+    settings the files leave out come from the chosen profile.
+    """
     merged: dict[str, Any] = {}
+    chosen = profile or override.get("profile") or default.get("profile") or DEFAULT_PROFILE
+    merged["profile"] = chosen
     seed_source = override if "accounts" in override else default
     for key in SEED_KEYS:
         if key in seed_source:
@@ -192,20 +219,24 @@ def merge_documents(default: dict[str, Any], override: dict[str, Any]) -> dict[s
     for op, values in override.get("faults", {}).items():
         faults[op] = {**faults.get(op, {}), **values}
     merged["faults"] = faults
-    extra = set(override) - set(SEED_KEYS) - {"behaviour", "webhooks", "faults"}
+    if chosen in PROFILE_NAMES:  # an unknown name is refused by the model, naming the key
+        preset = PROFILES[chosen]
+        for table, key, field in PROFILE_SETTINGS:
+            merged[table].setdefault(key, getattr(preset, field))
+    extra = set(override) - set(SEED_KEYS) - {"behaviour", "webhooks", "faults", "profile"}
     for key in extra:
         merged[key] = override[key]  # rejected by the strict model with a clear message
     return merged
 
 
-def load_config(path: str | Path | None = None) -> SandboxConfig:
-    """The default seed, overlaid with the file at ``path`` if given."""
+def load_config(path: str | Path | None = None, *, profile: str | None = None) -> SandboxConfig:
+    """The default seed, overlaid with the file at ``path`` if given; ``profile`` wins over both."""
     default = tomllib.loads(_read_default_text())
     override = tomllib.loads(Path(path).read_text(encoding="utf-8")) if path else {}
-    return SandboxConfig.model_validate(merge_documents(default, override))
+    return SandboxConfig.model_validate(merge_documents(default, override, profile=profile))
 
 
-def parse_config_text(text: str) -> SandboxConfig:
+def parse_config_text(text: str, *, profile: str | None = None) -> SandboxConfig:
     """Same as :func:`load_config` for TOML text (used by tests and the benchmark)."""
     default = tomllib.loads(_read_default_text())
-    return SandboxConfig.model_validate(merge_documents(default, tomllib.loads(text)))
+    return SandboxConfig.model_validate(merge_documents(default, tomllib.loads(text), profile=profile))

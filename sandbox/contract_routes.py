@@ -8,13 +8,17 @@ response" fault to a successful answer. Handlers never await between reading and
 Status choices where the contract leaves room (also in docs/sandbox.md): path ids that do not exist
 -> 404; ids inside a body that the account does not know (inbox_id, contact_id, source_id) -> 404;
 a body that is not a JSON object or a bad query parameter -> 400; a body that breaks the schema,
-a duplicate contact, a source_id bound to another contact, "Too many messages" -> 422.
+a source_id bound to another contact, "Too many messages" -> 422. Where the profile decides
+(sandbox/profiles.py): a duplicate contact (stock 422, contract 400), a token without access to
+the account (stock 401, contract 403), a webhook URL the account already has (stock 422), a flat
+createWebhook body (stock takes it), a "+" in a platform source_id (stock 422, contract 404).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
@@ -23,8 +27,18 @@ from starlette.routing import Route
 
 from sandbox import shapes
 from sandbox.bodies import ContactCreate, ConversationCreate, MessageCreate, WebhookCreate
+from sandbox.config import CHANNEL_PLATFORM
 from sandbox.faults import DroppedResponse
-from sandbox.responses import HttpError, int_query, json_error, parse_body, retry_later
+from sandbox.responses import (
+    HttpError,
+    int_query,
+    json_error,
+    parse_body,
+    read_json_object,
+    retry_later,
+    validation_error,
+    validate_model,
+)
 from sandbox.runtime import OverSendCap, Sandbox
 from sandbox.state import RANDOM_ID_CHANNELS
 from sandbox.records import ContactRec, NotFound, Unprocessable
@@ -32,17 +46,24 @@ from sandbox.records import ContactRec, NotFound, Unprocessable
 Handler = Callable[[Request, Sandbox, int], Awaitable[Response]]
 CONTACTS_PAGE, CONVERSATIONS_PAGE = 15, 25
 CONVERSATION_FILTERS = ("all", "open", "resolved", "pending", "snoozed")
+PLATFORM_SOURCE_ID = re.compile(r"\d{1,15}")  # the platform's contact address: digits, no "+"
 log = logging.getLogger("sandbox.api")  # operation names and statuses only, never values
 
 
 def _authorise(request: Request, sandbox: Sandbox, account_id: int) -> Response | None:
-    reachable = sandbox.store.token_accounts.get(request.headers.get("api_access_token", ""))
+    dialect = sandbox.config.dialect
+    token = request.headers.get("api_access_token")
+    if not token:
+        if dialect.missing_token_body == "devise":
+            return JSONResponse({"errors": ["You need to sign in or sign up before continuing."]}, status_code=401)
+        return json_error(401, "Invalid Access Token")
+    reachable = sandbox.store.token_accounts.get(token)
     if reachable is None:
         return json_error(401, "Invalid Access Token")
     if account_id not in sandbox.store.accounts:
         return json_error(404, "Account not found")
     if account_id not in reachable:
-        return json_error(403, "You are not authorized to access this account")
+        return json_error(dialect.no_access_status, "You are not authorized to access this account")
     return None
 
 
@@ -80,7 +101,9 @@ def operation(operation_id: str) -> Callable[[Handler], Callable[[Request], Awai
             except NotFound as exc:
                 return json_error(404, str(exc))
             except Unprocessable as exc:
-                return json_error(422, str(exc), attributes=exc.attributes) if exc.attributes else json_error(422, str(exc))
+                if exc.attributes:  # a record the service refused as invalid
+                    return validation_error(sandbox.config.dialect, str(exc), exc.attributes, status=exc.status)
+                return json_error(422, str(exc))
             except OverSendCap:
                 return retry_later()
             if outcome == "drop" and fault is not None and response.status_code < 300:
@@ -112,7 +135,9 @@ async def search_contacts(request: Request, sandbox: Sandbox, account_id: int) -
     found = sandbox.store.search_contacts(account_id, query)
     start = (page - 1) * CONTACTS_PAGE
     rows = found[start : start + CONTACTS_PAGE]
-    meta = {"count": len(rows), "current_page": str(page), "has_more": len(found) > start + CONTACTS_PAGE}
+    # Stock echoes the page parameter as it came (a string); without one it reports the integer 1.
+    given = "page" in request.query_params and sandbox.config.dialect.current_page == "int_then_string"
+    meta = {"count": len(rows), "current_page": str(page) if given else page, "has_more": len(found) > start + CONTACTS_PAGE}
     return JSONResponse({"meta": meta, "payload": [shapes.contact_json(c) for c in rows]})
 
 
@@ -125,14 +150,18 @@ async def create_contact(request: Request, sandbox: Sandbox, account_id: int) ->
         if store.derived_source_id(_probe(body), inbox) is None:
             field = "email" if inbox.channel_type.endswith("Email") else "phone_number"
             raise Unprocessable(f"{field} is required for this inbox", attributes=[field])
-    contact = store.create_contact(
-        account_id,
-        name=body.name,
-        phone_number=body.phone_number,
-        email=body.email,
-        identifier=body.identifier,
-        additional_attributes=body.additional_attributes,
-    )
+    try:
+        contact = store.create_contact(
+            account_id,
+            name=body.name,
+            phone_number=body.phone_number,
+            email=body.email,
+            identifier=body.identifier,
+            additional_attributes=body.additional_attributes,
+        )
+    except Unprocessable as exc:
+        exc.status = sandbox.config.dialect.duplicate_contact_status  # field notes 422, contract 400
+        raise
     binding = store.bind_for_creation(contact, inbox)
     sandbox.announce_contact(contact)
     contact_inbox = {"inbox": shapes.inbox_json(inbox), "source_id": binding.source_id}
@@ -176,6 +205,10 @@ async def create_conversation(request: Request, sandbox: Sandbox, account_id: in
     store = sandbox.store
     inbox = store.inbox(account_id, body.inbox_id) if body.inbox_id is not None else None
     contact = store.contact(account_id, body.contact_id) if body.contact_id is not None else None
+    if inbox is not None and inbox.channel_type == CHANNEL_PLATFORM and not PLATFORM_SOURCE_ID.fullmatch(body.source_id):
+        status = sandbox.config.dialect.platform_source_id_format_status
+        if status == 422:  # the stock service validates the address format before anything else
+            raise Unprocessable("Source invalid source id for whatsapp inbox", attributes=["source_id"])
     binding = store.find_binding(account_id, body.source_id, inbox.id if inbox else None)
     if binding is None:
         # The real service binds a source_id it has not seen when contact and inbox are named and
@@ -250,9 +283,17 @@ async def list_webhooks(request: Request, sandbox: Sandbox, account_id: int) -> 
 
 @operation("createWebhook")
 async def create_webhook(request: Request, sandbox: Sandbox, account_id: int) -> Response:
-    spec = (await parse_body(request, WebhookCreate)).webhook
+    dialect = sandbox.config.dialect
+    data = await read_json_object(request)
+    if dialect.flat_webhook_body and "webhook" not in data and "url" in data:
+        data = {"webhook": data}  # stock takes the fields unwrapped too
+    spec = validate_model(WebhookCreate, data).webhook
     if spec.inbox_id is not None:
         sandbox.store.inbox(account_id, spec.inbox_id)
+    if dialect.duplicate_webhook_url_refused and any(
+        h.account_id == account_id and h.url == spec.url for h in sandbox.store.webhooks.values()
+    ):
+        raise Unprocessable("Url has already been taken", attributes=["url"])
     hook = sandbox.store.create_webhook(
         account_id, url=spec.url, name=spec.name, inbox_id=spec.inbox_id, subscriptions=list(spec.subscriptions)
     )

@@ -78,19 +78,18 @@ async def incoming(request: Request) -> Response:
         store = sandbox.store
         if body.account_id not in store.accounts:
             raise NotFound("Account not found")
-        contact = store.contact(body.account_id, body.contact_id)
-        inbox = store.inbox(body.account_id, body.inbox_id)
         if body.conversation_id is not None:
             conversation = store.conversation(body.account_id, body.conversation_id)
-            if conversation.contact_id != contact.id or conversation.inbox_id != inbox.id:
+            if body.contact_id not in (None, conversation.contact_id) or body.inbox_id not in (None, conversation.inbox_id):
                 raise HttpError(422, "conversation belongs to another contact or inbox")
         else:
-            conversation = None
-            for candidate in reversed(list(store.conversations.values())):
-                if candidate.contact_id == contact.id and candidate.inbox_id == inbox.id:
-                    conversation = candidate
-                    break
-            if conversation is None:
+            assert body.contact_id is not None and body.inbox_id is not None  # the body's own rule
+            contact = store.contact(body.account_id, body.contact_id)
+            inbox = store.inbox(body.account_id, body.inbox_id)
+            latest = [c for c in store.conversations.values() if c.contact_id == contact.id and c.inbox_id == inbox.id]
+            if latest:
+                conversation = latest[-1]
+            else:
                 source_id = store.contactable_source_id(contact, inbox)
                 if source_id is None:
                     raise HttpError(422, "the contact has no address on this inbox's channel")

@@ -18,11 +18,12 @@ class NotFound(Exception):
 
 
 class Unprocessable(Exception):
-    """A request that parsed but cannot be carried out (answered 422)."""
+    """A request that parsed but cannot be carried out (answered 422, or ``status``)."""
 
-    def __init__(self, message: str, *, attributes: Iterable[str] = ()) -> None:
+    def __init__(self, message: str, *, attributes: Iterable[str] = (), status: int = 422) -> None:
         super().__init__(message)
         self.attributes = list(attributes)
+        self.status = status
 
 
 @dataclass
@@ -81,6 +82,8 @@ class MessageRec:
     additional_attributes: dict[str, Any] = field(default_factory=dict)
     dispatched: bool = True
     updated_at: float = 0.0
+    plan_effect: str = "hold"  # what the channel does with it (channels.Plan), kept for a restart
+    plan_error: str | None = None
 
     @property
     def external_error(self) -> str | None:

@@ -3,7 +3,8 @@
 One :class:`Sandbox` lives on ``app.state.sandbox``. Flows that touch several parts (store a message,
 start its channel fate, announce it by webhook) live here so route modules stay thin.
 :meth:`Sandbox.reset` rebuilds everything from the configuration, with the same random seed, so a
-test that resets gets the same ids, source_ids and secrets as a fresh process.
+test that resets gets the same ids, source_ids and secrets as a fresh process (and empties the state
+file). A sandbox started on a state file carries on from it: see sandbox/journal.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from sandbox import shapes
+from sandbox import persisted, shapes
 from sandbox.channels import ERROR_THROUGHPUT, Channels, Plan, SlidingWindow
 from sandbox.config import SandboxConfig
 from sandbox.faults import FaultTable
+from sandbox.journal import Journal, Restored
 from sandbox.records import MESSAGE_INCOMING, MESSAGE_OUTGOING, ContactRec, ConversationRec, MessageRec, Unprocessable
 from sandbox.state import Store
 from sandbox.stats import Stats
@@ -25,25 +27,54 @@ class OverSendCap(Exception):
     """The inbox reached its sends_per_minute and over_send_cap is "reject" (answered 429)."""
 
 
+def stream_seed(random_seed: int, boots: int) -> int:
+    """The first start of a state uses the configured seed; each restart a stream of its own, so a
+    restarted sandbox never repeats the source_ids, secrets and delivery ids it gave out before."""
+    return random_seed if boots == 0 else random_seed + 1_000_003 * boots
+
+
 class Sandbox:
-    def __init__(self, config: SandboxConfig) -> None:
+    def __init__(self, config: SandboxConfig, *, journal: Journal | None = None, fresh: bool = False) -> None:
+        """``journal``: the state file to carry on from and write to (None: memory only).
+        Raises journal.StateFileError when the file cannot be used."""
         self.config = config
+        self.journal = journal or Journal(None)
+        restored = self.journal.open(fresh=fresh)
         self.stats = Stats()
         self.faults = FaultTable(config.faults, seed=config.behaviour.random_seed)
-        self.rng = random.Random(config.behaviour.random_seed)
-        self.webhooks = WebhookDispatcher(config.webhooks, rng=self.rng, stats=self.stats)
-        self._load()
+        self.rng = random.Random(stream_seed(config.behaviour.random_seed, self.journal.boots))
+        self.webhooks = WebhookDispatcher(
+            config.webhooks, escape_html=config.dialect.escape_html_in_json, rng=self.rng, stats=self.stats
+        )
+        self._load(restored)
+        self.restored_records = sum(len(table) for table in restored.records.values())
+        self.journal.start_counted(persisted.records(self.store))
 
-    def _load(self) -> None:
-        self.store = Store(self.config, rng=self.rng)
+    def _load(self, restored: Restored | None = None) -> None:
+        carry_on = restored is not None and not restored.empty
+        self.store = Store(self.config, rng=self.rng, journal=self.journal, seed_contacts=not carry_on)
+        if restored is not None and carry_on:
+            persisted.restore(self.store, restored)
         self.channels = Channels(
             self.config.behaviour, self.config.recipient_rules, self.store, on_status=self._status_changed
         )
         self.searches = SlidingWindow(60.0)
 
+    def resume(self) -> None:
+        """Carry on with the restored messages' channel fates (needs the running event loop)."""
+        for message in self.store.messages.values():
+            if message.dispatched and message.message_type == MESSAGE_OUTGOING:
+                self.channels.resume(message)
+
+    def close(self) -> None:
+        """At a clean stop: compact the state file and release it."""
+        self.channels.cancel()
+        self.journal.close(persisted.records(self.store))
+
     def reset(self) -> None:
         self.channels.cancel()
         self.rng = random.Random(self.config.behaviour.random_seed)
+        self.journal.rewrite(())
         self._load()
         self.stats.reset()
         self.faults.reset()
@@ -54,7 +85,11 @@ class Sandbox:
         hooks = self.store.subscribers(message.account_id, event, message.inbox_id)
         if hooks:
             payload = shapes.message_event(
-                self.store, message, event, include_status=self.config.webhooks.include_status
+                self.store,
+                message,
+                event,
+                dialect=self.config.dialect,
+                include_status=self.config.webhooks.include_status,
             )
             self.webhooks.publish(hooks, event, payload)
 
@@ -145,8 +180,7 @@ class Sandbox:
             status="sent",
             created_at=created_at,
         )
-        key = (conversation.contact_id, conversation.inbox_id)
-        self.store.last_incoming_at[key] = max(self.store.last_incoming_at.get(key, created_at), created_at)
+        self.store.open_window(conversation.contact_id, conversation.inbox_id, created_at)
         self.announce_message(message, "message_created")
         return message
 

@@ -4,9 +4,12 @@ Two families on purpose, because the real service has two and clients trip over 
 
 * API responses: ``message_type`` an integer, ``created_at`` unix seconds, conversation ``id`` the
   display id, failure text in ``content_attributes.external_error`` and top-level ``external_error``;
-* webhook payloads: ``message_type`` a string, ``created_at`` ISO-8601, ``conversation.contact_inbox.id``
-  an internal id, and ``conversation.messages[0]`` the conversation's latest message in the push-event
-  form (integer ``message_type`` again).
+* webhook payloads: ``conversation.contact_inbox.id`` an internal id, and ``conversation.messages[0]``
+  the conversation's latest message in the push-event form (integer ``message_type`` again). The
+  message fields themselves follow the profile (sandbox/profiles.py): stock writes ``message_type``
+  as a name, ``created_at`` as ISO-8601 with milliseconds, no top-level ``status`` and a stock
+  contact as the sender of an incoming message; contract writes the Message resource's numbers and
+  a top-level ``status``.
 """
 
 from __future__ import annotations
@@ -15,10 +18,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandbox.config import Inbox
+from sandbox.profiles import Profile
 from sandbox.records import MESSAGE_INCOMING, MESSAGE_TYPE_NAMES, ContactRec, ConversationRec, MessageRec, WebhookRec
 from sandbox.state import Store
 
 INTEGRATION_SENDER = {"id": 1, "name": "Sandbox Integration", "type": "user"}
+# The stock service's user (agent or integration token owner) as a webhook sender.
+STOCK_USER_SENDER = {
+    "id": 1,
+    "name": "Sandbox Integration",
+    "available_name": "Sandbox Integration",
+    "avatar_url": "",
+    "type": "user",
+    "availability_status": "offline",
+    "thumbnail": "",
+}
 
 
 def iso(ts: float) -> str:
@@ -47,6 +61,7 @@ def contact_json(contact: ContactRec) -> dict[str, Any]:
         "custom_attributes": {},
         "thumbnail": "",
         "availability_status": "offline",
+        "blocked": False,
         "created_at": int(contact.created_at),
     }
 
@@ -188,10 +203,40 @@ def conversation_event(store: Store, conversation: ConversationRec) -> dict[str,
     }
 
 
-def message_event(store: Store, message: MessageRec, event: str, *, include_status: bool) -> dict[str, Any]:
-    """The field notes' "Message event payload"; ``status`` only if ``include_status``."""
+def event_sender(store: Store, message: MessageRec, dialect: Profile) -> dict[str, Any] | None:
+    """``sender`` of a message event. Stock: an incoming message's sender is the contact in the
+    stock webhook shape (no ``type`` key), an outgoing one's the user; contract: ``{id, name, type}``."""
+    if dialect.event_sender == "contract":
+        return _sender(store, message)
+    if message.message_type != MESSAGE_INCOMING:
+        return dict(STOCK_USER_SENDER)
+    contact = store.contacts.get(message.contact_id)
+    if contact is None:
+        return None
+    account = store.accounts[contact.account_id]
+    return {
+        "account": {"id": account.id, "name": account.name},
+        "additional_attributes": dict(contact.additional_attributes),
+        "avatar": "",
+        "custom_attributes": {},
+        "email": contact.email,
+        "id": contact.id,
+        "identifier": contact.identifier,
+        "name": contact.name,
+        "phone_number": contact.phone_number,
+        "thumbnail": "",
+        "blocked": False,
+    }
+
+
+def message_event(
+    store: Store, message: MessageRec, event: str, *, dialect: Profile, include_status: bool
+) -> dict[str, Any]:
+    """The field notes' "Message event payload" in the profile's shape; ``status`` only if
+    ``include_status`` (the profile's default, unless the configuration says otherwise)."""
     inbox = store.inboxes[message.inbox_id]
     account = store.accounts[message.account_id]
+    by_name = dialect.event_message_type == "name"
     payload: dict[str, Any] = {
         "event": event,
         "id": message.id,
@@ -199,11 +244,11 @@ def message_event(store: Store, message: MessageRec, event: str, *, include_stat
         "content_type": "text",
         "content_attributes": dict(message.content_attributes),
         "additional_attributes": dict(message.additional_attributes),
-        "message_type": MESSAGE_TYPE_NAMES[message.message_type],
+        "message_type": MESSAGE_TYPE_NAMES[message.message_type] if by_name else message.message_type,
         "private": message.private,
         "source_id": message.source_id,
-        "created_at": iso(message.created_at),
-        "sender": _sender(store, message),
+        "created_at": iso(message.created_at) if dialect.event_created_at == "iso" else int(message.created_at),
+        "sender": event_sender(store, message, dialect),
         "inbox": {"id": inbox.id, "name": inbox.name},
         "account": {"id": account.id, "name": account.name},
         "conversation": conversation_event(store, store.conversations[message.conversation_id]),

@@ -4,6 +4,11 @@ Concurrency guard: the sandbox runs in one uvicorn process on one asyncio event 
 here awaits. Each call therefore runs to completion before any other request or timer callback
 touches the store, which is the lock. Keep it that way: never add an ``await`` inside a mutation.
 
+Persistence: every change is handed to a :class:`~sandbox.journal.Journal` as a plain record, and
+a store that sandbox/persisted.py rebuilds from the file carries on where the last process stopped
+(sandbox/journal.py says how). Conversations are written once, at creation: their message list and
+last activity are rebuilt from the messages.
+
 Identifiers imitate the real service on purpose: conversations have an account-scoped display id
 (1, 2, 3 per account, used in paths) and a different internal id (from 1001, seen only in webhook
 payloads), and contact_inbox ids start at 5001, so a client that mixes them up fails here too.
@@ -12,6 +17,7 @@ payloads), and contact_inbox ids start at 5001, so a client that mixes them up f
 from __future__ import annotations
 
 import base64
+import dataclasses
 import random
 import time
 import uuid
@@ -28,6 +34,7 @@ from sandbox.config import (
     Inbox,
     SandboxConfig,
 )
+from sandbox.journal import Journal
 from sandbox.records import (
     ContactInboxRec,
     ContactRec,
@@ -38,14 +45,24 @@ from sandbox.records import (
     WebhookRec,
 )
 RANDOM_ID_CHANNELS = frozenset({CHANNEL_API, CHANNEL_WEB_WIDGET})  # source_id is a random UUID
+FIRST_IDS = {"contact": 1, "contact_inbox": 5001, "conversation": 1001, "message": 1, "webhook": 1}
 
 
 class Store:
     """All sandbox data for one seed; :meth:`__init__` is also what ``/_sandbox/reset`` re-runs."""
 
-    def __init__(self, config: SandboxConfig, *, rng: random.Random, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        config: SandboxConfig,
+        *,
+        rng: random.Random,
+        clock: Callable[[], float] = time.time,
+        journal: Journal | None = None,
+        seed_contacts: bool = True,
+    ):
         self.rng = rng
         self.clock = clock
+        self.journal = journal or Journal(None)
         self.accounts = {a.id: a for a in config.accounts}
         self.token_accounts = {t.token: frozenset(t.accounts) for t in config.tokens}
         self.inboxes: dict[int, Inbox] = {i.id: i for i in config.inboxes}
@@ -59,8 +76,8 @@ class Store:
         self.messages: dict[int, MessageRec] = {}
         self.webhooks: dict[int, WebhookRec] = {}
         self.last_incoming_at: dict[tuple[int, int], float] = {}
-        self._ids = {"contact": 1, "contact_inbox": 5001, "conversation": 1001, "message": 1, "webhook": 1}
-        for seeded in config.contacts:
+        self._ids = dict(FIRST_IDS)
+        for seeded in config.contacts if seed_contacts else ():
             self.create_contact(
                 seeded.account_id,
                 name=seeded.name,
@@ -70,7 +87,22 @@ class Store:
                 contact_id=seeded.id,
             )
 
+    # -- persistence (sandbox/persisted.py rebuilds a store from the journal) -----------------
+    def save_message(self, message: MessageRec) -> None:
+        """A message changed (status, provider id, error): write it down."""
+        self.journal.write("message", dataclasses.asdict(message))
+
+    def open_window(self, contact_id: int, inbox_id: int, at: float) -> None:
+        """An incoming message at ``at`` opens the service window; an older one never moves it back."""
+        key = (contact_id, inbox_id)
+        self.last_incoming_at[key] = max(self.last_incoming_at.get(key, at), at)
+        self.journal.write("window", {"contact_id": contact_id, "inbox_id": inbox_id, "at": self.last_incoming_at[key]})
+
     # -- ids and randomness ------------------------------------------------------------------
+    def restart_ids(self, kind: str, *, after: int) -> None:
+        """Ids of ``kind`` go on after ``after`` (a restored store never reuses one)."""
+        self._ids[kind] = after + 1
+
     def _next_id(self, kind: str) -> int:
         value = self._ids[kind]
         self._ids[kind] = value + 1
@@ -78,6 +110,12 @@ class Store:
 
     def new_uuid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def provider_message_id(self, prefix: str) -> str:
+        """The rest of a provider's message id: ``wamid.`` + base64, ``SM`` + 32 hex digits."""
+        if prefix == "SM":
+            return self.rng.randbytes(16).hex()
+        return base64.b64encode(self.rng.randbytes(30)).decode("ascii")
 
     def new_secret(self) -> str:
         return base64.urlsafe_b64encode(self.rng.randbytes(24)).decode("ascii")
@@ -128,7 +166,7 @@ class Store:
                 taken.append("identifier")
             if phone_number and other.phone_number == phone_number:
                 taken.append("phone_number")
-            if email and other.email and other.email.lower() == email.lower():
+            if email and other.email and other.email == email.lower():
                 taken.append("email")
         if taken:
             label = taken[0].replace("_", " ").capitalize()
@@ -142,12 +180,13 @@ class Store:
             account_id=account_id,
             name=name,
             phone_number=phone_number,
-            email=email,
+            email=email.lower() if email else email,  # the service stores e-mail addresses lowercased
             identifier=identifier,
             additional_attributes=dict(additional_attributes or {}),
             created_at=self.clock(),
         )
         self.contacts[contact.id] = contact
+        self.journal.write("contact", dataclasses.asdict(contact))
         return contact
 
     def search_contacts(self, account_id: int, query: str) -> list[ContactRec]:
@@ -197,10 +236,14 @@ class Store:
             source_id=source_id,
             created_at=self.clock(),
         )
-        self.contact_inboxes[rec.id] = rec
-        self._binding_by_source[(inbox.id, source_id)] = rec
-        self._binding_by_pair.setdefault((contact.id, inbox.id), rec)
+        self.index_binding(rec)
+        self.journal.write("binding", dataclasses.asdict(rec))
         return rec
+
+    def index_binding(self, rec: ContactInboxRec) -> None:
+        self.contact_inboxes[rec.id] = rec
+        self._binding_by_source[(rec.inbox_id, rec.source_id)] = rec
+        self._binding_by_pair.setdefault((rec.contact_id, rec.inbox_id), rec)
 
     def bind_for_creation(self, contact: ContactRec, inbox: Inbox) -> ContactInboxRec:
         """createContact's binding to its inbox; 422 when the channel needs an address it lacks."""
@@ -241,7 +284,6 @@ class Store:
                 if existing.contact_inbox_id == binding.id and existing.status != "resolved":
                     return existing, False
         display_id = self._next_display.get(account_id, 1)
-        self._next_display[account_id] = display_id + 1
         now = self.clock()
         conversation = ConversationRec(
             id=self._next_id("conversation"),
@@ -257,9 +299,15 @@ class Store:
             created_at=now,
             last_activity_at=now,
         )
-        self.conversations[conversation.id] = conversation
-        self._conversation_by_display[(account_id, display_id)] = conversation
+        self.index_conversation(conversation)
+        self.journal.write("conversation", conversation_record(conversation))
         return conversation, True
+
+    def index_conversation(self, conversation: ConversationRec) -> None:
+        self.conversations[conversation.id] = conversation
+        self._conversation_by_display[(conversation.account_id, conversation.display_id)] = conversation
+        account_id = conversation.account_id
+        self._next_display[account_id] = max(self._next_display.get(account_id, 1), conversation.display_id + 1)
 
     def list_conversations(self, account_id: int, *, inbox_id: int | None, status: str) -> list[ConversationRec]:
         """Filtered, most recent activity first (as the real list is ordered)."""
@@ -288,15 +336,20 @@ class Store:
         self.messages[message.id] = message
         conversation.message_ids.append(message.id)
         conversation.last_activity_at = max(conversation.last_activity_at, message.created_at)
+        self.save_message(message)
         return message
 
     def page_messages(self, conversation: ConversationRec, *, before: int | None, after: int | None) -> list[MessageRec]:
-        """The latest 20; ``before`` pages back from an id, ``after`` forward from one; oldest first."""
+        """Oldest first, as the service's message finder pages them: the latest 20 by default;
+        ``before``: the 20 before that id; ``after``: up to 100 after it; both: ``[after, before)``,
+        up to 1,000."""
         ids = conversation.message_ids
-        if after is not None:
-            chosen = [i for i in ids if i > after][:20]
+        if after is not None and before is not None:
+            chosen = [i for i in ids if after <= i < before][:1000]
         elif before is not None:
             chosen = [i for i in ids if i < before][-20:]
+        elif after is not None:
+            chosen = [i for i in ids if i > after][:100]
         else:
             chosen = ids[-20:]
         return [self.messages[i] for i in chosen]
@@ -318,6 +371,7 @@ class Store:
             secret=self.new_secret(),
         )
         self.webhooks[hook.id] = hook
+        self.journal.write("webhook", dataclasses.asdict(hook))
         return hook
 
     def subscribers(self, account_id: int, event: str, inbox_id: int | None) -> list[WebhookRec]:
@@ -329,3 +383,10 @@ class Store:
             and event in hook.subscriptions
             and (hook.inbox_id is None or hook.inbox_id == inbox_id)
         ]
+
+
+def conversation_record(conversation: ConversationRec) -> dict[str, Any]:
+    """A conversation as stored: without its message list, which the messages rebuild."""
+    record = dataclasses.asdict(conversation)
+    record.pop("message_ids")
+    return record

@@ -39,9 +39,23 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + digest.hexdigest()
 
 
-def encode_payload(payload: dict[str, Any]) -> bytes:
-    """Compact JSON, as the real service sends it; the signature covers exactly these bytes."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+# What Rails' JSON encoder (ActiveSupport, escape_html_entities_in_json) writes as escapes. These
+# characters occur only inside JSON strings, so replacing them in the text keeps the JSON equal.
+_RAILS_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                                "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def encode_payload(payload: dict[str, Any], *, escape_html: bool) -> bytes:
+    """Compact JSON, as the real service sends it; the signature covers exactly these bytes.
+
+    ``escape_html`` (the stock profile): ``<``, ``>``, ``&`` (and U+2028/U+2029) as ``\\u003c``
+    etc., non-ASCII raw UTF-8, as the stock server writes it. A receiver that parses and
+    re-serialises the body before verifying therefore fails, as it would in the field.
+    """
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    if escape_html:
+        text = text.translate(_RAILS_ESCAPES)
+    return text.encode("utf-8")
 
 
 @dataclasses.dataclass
@@ -58,8 +72,17 @@ class Delivery:
 class WebhookDispatcher:
     """Queue plus workers; see the module docstring for the guarantees."""
 
-    def __init__(self, settings: Webhooks, *, rng: random.Random, stats: Stats, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        settings: Webhooks,
+        *,
+        escape_html: bool,
+        rng: random.Random,
+        stats: Stats,
+        clock: Callable[[], float] = time.time,
+    ):
         self.settings = settings
+        self.escape_html = escape_html
         self.rng = rng
         self.stats = stats
         self.clock = clock
@@ -99,7 +122,7 @@ class WebhookDispatcher:
     def publish(self, hooks: list[WebhookRec], event: str, payload: dict[str, Any]) -> None:
         if not hooks:
             return
-        body = encode_payload(payload)
+        body = encode_payload(payload, escape_html=self.escape_html)
         for hook in hooks:
             self.stats.count_webhook("events")
             delivery = Delivery(hook.id, hook.url, hook.secret, self._new_id(), event, body)
@@ -166,6 +189,7 @@ class WebhookDispatcher:
         timestamp = str(int(self.clock()))
         headers = {
             "Content-Type": "application/json",
+            "Accept": "application/json",
             f"X-{prefix}-Delivery": delivery.delivery_id,
             f"X-{prefix}-Timestamp": timestamp,
             f"X-{prefix}-Signature": sign(delivery.secret, timestamp, delivery.body),

@@ -25,20 +25,65 @@ from dispatcher.queues import MAINTENANCE_QUEUE, OUTCOMES_QUEUE, SEND_QUEUE
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Sandbox seed and behaviour file (TOML); default: the seed shipped with the sandbox.",
 )
-def sandbox_command(host: str, port: int, config_path: Path | None) -> None:
+@click.option(
+    "--profile",
+    type=click.Choice(["stock", "contract"]),
+    default=None,
+    help="stock (the default): behave like a stock workspace; contract: the contract's nominal shapes.",
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Keep the workspace's data in this file across restarts (default var/sandbox-state.jsonl).",
+)
+@click.option("--in-memory", is_flag=True, help="Keep nothing on disk: every start is empty.")
+@click.option("--fresh", is_flag=True, help="Start empty: forget what the state file held.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="warning",
+    show_default=True,
+    help="Log level of the sandbox (operation names only, never values).",
+)
+def sandbox_command(
+    host: str,
+    port: int,
+    config_path: Path | None,
+    profile: str | None,
+    state_path: Path | None,
+    in_memory: bool,
+    fresh: bool,
+    log_level: str,
+) -> None:
     """Run the sandbox: a local double of the messaging workspace.
 
     It serves the whole contract under /api/v1/accounts/{account_id}, delivers signed
-    webhooks, injects faults on request, and shows what it holds under /_sandbox/.
+    webhooks, injects faults on request, and shows what it holds under /_sandbox/. By
+    default it behaves like a stock workspace and keeps its data in var/sandbox-state.jsonl,
+    so a restart forgets nothing. At start it prints where it listens, the accounts, tokens
+    and inboxes, and the command that registers a webhook.
 
     \b
     Examples:
       dispatcher sandbox --port 3000
-      dispatcher sandbox --host 127.0.0.1 --port 3001 --config my-seed.toml
+      dispatcher sandbox --host 127.0.0.1 --port 3001 --config my-seed.toml --log-level info
+      dispatcher sandbox --port 3002 --profile contract --in-memory
     """
-    arguments = [sys.executable, "-m", "sandbox", "--host", host, "--port", str(port)]
+    if in_memory and state_path is not None:
+        raise click.UsageError("--state and --in-memory exclude each other")
+    arguments = [sys.executable, "-m", "sandbox", "--host", host, "--port", str(port), "--log-level", log_level]
     if config_path is not None:
         arguments += ["--config", str(config_path)]
+    if profile is not None:
+        arguments += ["--profile", profile]
+    if state_path is not None:
+        arguments += ["--state", str(state_path)]
+    if in_memory:
+        arguments.append("--in-memory")
+    if fresh:
+        arguments.append("--fresh")
     os.execv(sys.executable, arguments)
 
 

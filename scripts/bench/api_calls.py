@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from common import accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
+from common import BENCH_SANDBOX, accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
 
 import naive_client
 
@@ -54,7 +54,7 @@ def main() -> int:
     from tests.support.sandbox_process import running_sandbox
 
     n = args.contacts
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox() as sandbox, \
+    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-calls-") as tmp:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)

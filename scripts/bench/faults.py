@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import emit, environment, event_of, redis_database, reminder, settings_from, settled_count, start_beat, start_worker, stop, temp_database, wait_until
+from common import BENCH_SANDBOX, emit, environment, event_of, redis_database, reminder, settings_from, settled_count, start_beat, start_worker, stop, temp_database, wait_until
 
 import naive_client
 
@@ -64,7 +64,7 @@ def _count(sandbox: Any, events: list[str]) -> dict[str, Any]:
 def run_baseline(events: list[tuple[str, int]], args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.sandbox_process import running_sandbox
 
-    with running_sandbox() as sandbox:
+    with running_sandbox(BENCH_SANDBOX) as sandbox:
         sandbox.set_faults(chaos_faults())
         run = naive_client.run(sandbox.base_url, events, threads=args.concurrency, max_tries=args.naive_tries,
                                contact_prefix="naive-patient", phone_prefix="+1555034")
@@ -83,7 +83,7 @@ def run_ours(events: list[tuple[str, int]], args: argparse.Namespace) -> dict[st
     from dispatcher.service import Dispatcher
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox() as sandbox, \
+    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
         upgrade_database(database_url)
         sandbox.set_faults(chaos_faults())

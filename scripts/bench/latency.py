@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import REPO, accepted_count, cpu_ms_per_item, cpu_seconds, emit, environment, percentile, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
+from common import BENCH_SANDBOX, REPO, accepted_count, cpu_ms_per_item, cpu_seconds, emit, environment, percentile, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
 
 
 def paced(rate: float, seconds: float, action: Any, *, threads: int = 1) -> dict[str, float]:
@@ -129,7 +129,7 @@ def main() -> int:
     args = parser.parse_args()
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox() as sandbox, \
+    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
         baseline = run_baseline(env, Path(tmp), args)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import PHONE_PREFIX, accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database
+from common import BENCH_SANDBOX, PHONE_PREFIX, accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database
 
 CONTENT_TAIL = ": your appointment is tomorrow at 09:00"
 
@@ -165,7 +165,7 @@ def main() -> int:
     from dispatcher.service import Dispatcher
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox() as sandbox, \
+    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)

@@ -113,11 +113,14 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=200, help="conversations to spread messages over")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="hard limit of the load phase")
+    parser.add_argument("--in-memory", action="store_true",
+                        help="keep nothing on disk (default: the state file, as users run it)")
     args = parser.parse_args()
     if args.requests > 200 * args.conversations:
         parser.error("more than 200 messages a conversation would hit the 'Too many messages' limit")
 
-    with running_sandbox() as sandbox:
+    # The default profile (stock) and, unless --in-memory, a state file: the sandbox as users run it.
+    with running_sandbox(extra_args=["--in-memory"] if args.in_memory else []) as sandbox:
         conversation_ids = prepare(sandbox.base_url, args.conversations)
         paths = [
             f"/api/v1/accounts/1/conversations/{conversation_ids[n % len(conversation_ids)]}/messages".encode()
@@ -154,6 +157,7 @@ def main() -> int:
         "processes": args.processes,
         "connections_per_process": args.connections,
         "client": args.client,
+        "state": "memory" if args.in_memory else "file",
         "server_counted": calls,
         "messages_stored": stored,
     }

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import cpu_seconds  # noqa: E402  (scripts/bench/common.py, beside this script)
+from common import BENCH_SANDBOX, cpu_seconds  # noqa: E402  (scripts/bench/common.py, beside this script)
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
 
@@ -53,7 +53,7 @@ def main() -> None:
     broker_url = f"{REDIS_URL}/{args.redis_db}"
     redis.Redis.from_url(broker_url).flushdb()
     try:
-        with running_sandbox() as sandbox, tempfile.TemporaryDirectory() as workdir:
+        with running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
             env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
             env["BENCH_COUNTER_URL"] = broker_url
             noop_rate = _noop_rate(env, Path(workdir), args)

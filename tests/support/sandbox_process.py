@@ -48,6 +48,8 @@ __all__ = [
     "OTHER_TOKEN",
     "SandboxCrashed",
     "SandboxProcess",
+    "contract_sandbox",
+    "contract_sandbox_session",
     "free_port",
     "running_sandbox",
     "sandbox",
@@ -117,23 +119,19 @@ class SandboxProcess:
     def incoming(
         self,
         *,
-        contact_id: int,
-        inbox_id: int,
+        contact_id: int | None = None,
+        inbox_id: int | None = None,
         content: str = "Hello",
         account_id: int | None = None,
         conversation_id: int | None = None,
         age_s: float = 0.0,
     ) -> dict[str, Any]:
-        """Simulate a customer's incoming message (opens the 24-hour window unless ``age_s`` is older)."""
-        body: dict[str, Any] = {
-            "account_id": account_id or self.account_id,
-            "contact_id": contact_id,
-            "inbox_id": inbox_id,
-            "content": content,
-            "age_s": age_s,
-        }
-        if conversation_id is not None:
-            body["conversation_id"] = conversation_id
+        """Simulate a customer's incoming message, in ``conversation_id`` or on the contact/inbox pair
+        (opens the 24-hour window unless ``age_s`` is older)."""
+        body: dict[str, Any] = {"account_id": account_id or self.account_id, "content": content, "age_s": age_s}
+        for key, value in (("contact_id", contact_id), ("inbox_id", inbox_id), ("conversation_id", conversation_id)):
+            if value is not None:
+                body[key] = value
         return self._json(self.client.post("/_sandbox/incoming", json=body))
 
     def stderr_text(self) -> str:
@@ -184,6 +182,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def running_sandbox(
     config_text: str | None = None,
     *,
+    profile: str | None = None,
+    state_file: Path | None = None,
     extra_args: Sequence[str] = (),
     startup_timeout_s: float = 10.0,
     attempts: int = 3,
@@ -191,13 +191,20 @@ def running_sandbox(
     """Start ``python -m sandbox`` on a free loopback port, wait until healthy, stop it on exit.
 
     ``config_text`` is TOML in the format of ``sandbox/seed.default.toml``; sections it leaves out keep
-    their defaults. A port taken between choosing and binding is retried up to ``attempts`` times.
+    their defaults. ``profile``: None runs the default (stock), as users meet it; "contract" for
+    tests of tolerance. State is kept in ``state_file`` (default: a file in a temporary folder, so
+    every test runs with persistence on, as users do). A port taken between choosing and binding is
+    retried up to ``attempts`` times.
     """
     with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
         tmp_dir = Path(tmp)
         args = [*extra_args]
         if config_text is not None:
             args += ["--config", str(_write_config(config_text, tmp_dir))]
+        if profile is not None:
+            args += ["--profile", profile]
+        if "--in-memory" not in args and "--state" not in args:
+            args += ["--state", str(state_file or tmp_dir / "state.jsonl")]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         last_error = ""
@@ -248,3 +255,17 @@ def sandbox(sandbox_session: SandboxProcess) -> SandboxProcess:
     """The session sandbox, reset to its seed (data, counters, faults) before each test."""
     sandbox_session.reset()
     return sandbox_session
+
+
+@pytest.fixture(scope="session")
+def contract_sandbox_session() -> Iterator[SandboxProcess]:
+    """One sandbox on the contract profile for the whole session (tests of tolerance)."""
+    with running_sandbox(profile="contract") as handle:
+        yield handle
+
+
+@pytest.fixture()
+def contract_sandbox(contract_sandbox_session: SandboxProcess) -> SandboxProcess:
+    """The contract-profile session sandbox, reset before each test."""
+    contract_sandbox_session.reset()
+    return contract_sandbox_session

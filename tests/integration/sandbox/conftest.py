@@ -12,7 +12,12 @@ import pytest
 from sandbox_helpers import FAST_CONFIG, Api, WebhookReceiver
 
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
-from tests.support.sandbox_process import sandbox, sandbox_session  # noqa: F401  (fixtures)
+from tests.support.sandbox_process import (  # noqa: F401  (fixtures)
+    contract_sandbox,
+    contract_sandbox_session,
+    sandbox,
+    sandbox_session,
+)
 
 
 @pytest.fixture()
@@ -41,6 +46,13 @@ def fast_sandbox(fast_sandbox_session: SandboxProcess) -> SandboxProcess:
 @pytest.fixture()
 def api(sandbox: SandboxProcess) -> Iterator[Api]:
     client = Api(sandbox)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def contract_api(contract_sandbox: SandboxProcess) -> Iterator[Api]:
+    client = Api(contract_sandbox)
     yield client
     client.close()
 

@@ -62,7 +62,7 @@ class Received:
 class WebhookReceiver:
     """A threaded HTTP server on a free loopback port that records and checks deliveries."""
 
-    prefix: str = "Service"
+    prefix: str = "Chatwoot"  # the stock profile's; "Service" for the contract profile
     secret: str = ""
     statuses: list[int] = field(default_factory=list)  # answers in order, then 200
     delay_s: float = 0.0
@@ -163,6 +163,12 @@ class Api:
 
     def close(self) -> None:
         self.client.close()
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def message_status(sb: SandboxProcess, message_id: int) -> str | None:

@@ -6,8 +6,9 @@ that validates against the documented schema. Hand-written cases add what random
 each operation's success path, refusals (no token, wrong token, another account's token, unknown
 account), known error statuses, and 429 for every operation.
 
-One sandbox process serves the module (default seed: account 1 with inboxes 1..5, account 2 with
-inbox 6). Generation is bounded (``MAX_EXAMPLES`` per operation, no shrinking) so the file runs in
+Every test runs against both profiles of the sandbox, stock (the default) and contract: one
+sandbox process per profile serves the module (default seed: account 1 with inboxes 1..5, account
+2 with inbox 6). Generation is bounded (``MAX_EXAMPLES`` per operation, no shrinking) so the file runs in
 well under a minute. A finding against the sandbox goes to /tmp/handoff/sandbox-conformance.md;
 the test stays as the contract wants it.
 """
@@ -99,9 +100,9 @@ def _auth(token: str | None) -> dict[str, str]:
     return {} if token is None else {"api_access_token": token}
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxProcess]:
-    with running_sandbox() as handle:
+@pytest.fixture(scope="module", params=["stock", "contract"])
+def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxProcess]:
+    with running_sandbox(profile=request.param) as handle:
         yield handle
 
 
@@ -190,7 +191,8 @@ def _request(operation_id: str, known: dict[str, Any], *, account_id: int = DEFA
     contact = {"inbox_id": 5, "name": f"Probe {n}", "identifier": f"probe-{n}", "phone_number": f"+1555098{n:04d}"}
     conversation = {"source_id": known["source_id"], "inbox_id": 1, "contact_id": known["contact_id"]}
     message = {"content": "Reminder: appointment tomorrow at 10:30", "template_params": APPROVED_TEMPLATE}
-    webhook = {"name": f"conformance {n}", "url": HOOK_URL, "subscriptions": ["message_created", "message_updated"]}
+    # A URL of its own each time: a stock workspace refuses a URL the account already has (422).
+    webhook = {"name": f"conformance {n}", "url": f"{HOOK_URL}/{n}", "subscriptions": ["message_created", "message_updated"]}
     requests: dict[str, dict[str, Any]] = {
         "listInboxes": {},
         "searchContacts": {"query": {"q": "Conformance", "page": 1}},

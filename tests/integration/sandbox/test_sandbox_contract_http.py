@@ -1,42 +1,61 @@
-"""The ten contract operations over real HTTP: auth, shapes, paging, semantics and error statuses."""
+"""The ten contract operations over real HTTP: auth, shapes, paging, semantics and error statuses.
+
+The ``sandbox`` fixture runs the default profile, stock, as users meet it; tests named ``..._contract``
+run the contract profile, whose nominal shapes a client must tolerate too.
+"""
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from sandbox_helpers import Api
 
+from tests.support.fixtures import EXAMPLES
 from tests.support.sandbox_process import OTHER_TOKEN, SandboxProcess, running_sandbox
 
 pytestmark = pytest.mark.integration
-EXAMPLES = Path("/work/shared/examples")
-if not EXAMPLES.exists():
-    EXAMPLES = Path(__file__).resolve().parents[4] / "shared" / "examples"
 
 
 def example(name: str) -> dict:
-    path = EXAMPLES / name
-    if not path.exists():
-        pytest.skip(f"shared example {name} not available")
-    return json.loads(path.read_text())
+    return json.loads((EXAMPLES / name).read_text())
 
 
 # -- authentication and account scope ----------------------------------------------------------
-@pytest.mark.parametrize("headers", [{}, {"api_access_token": "nope"}])
-def test_missing_or_unknown_token_is_401_with_the_real_body(sandbox: SandboxProcess, headers: dict) -> None:
-    response = httpx.get(f"{sandbox.api_url}/inboxes", headers=headers, trust_env=False)
+def test_missing_token_is_401_with_the_stock_sign_in_body(sandbox: SandboxProcess) -> None:
+    response = httpx.get(f"{sandbox.api_url}/inboxes", trust_env=False)
+    assert response.status_code == 401
+    assert response.json() == {"errors": ["You need to sign in or sign up before continuing."]}
+
+
+def test_unknown_token_is_401_invalid_access_token(sandbox: SandboxProcess) -> None:
+    response = httpx.get(f"{sandbox.api_url}/inboxes", headers={"api_access_token": "nope"}, trust_env=False)
     assert response.status_code == 401
     assert response.json() == {"error": "Invalid Access Token"}
 
 
-def test_token_of_another_account_is_403(sandbox: SandboxProcess) -> None:
+def test_token_of_another_account_is_401_not_authorized_on_stock(sandbox: SandboxProcess) -> None:
     response = httpx.get(f"{sandbox.api_url}/inboxes", headers={"api_access_token": OTHER_TOKEN}, trust_env=False)
+    assert response.status_code == 401
+    assert response.json() == {"error": "You are not authorized to access this account"}
+
+
+@pytest.mark.parametrize("headers", [{}, {"api_access_token": "nope"}])
+def test_missing_or_unknown_token_is_401_invalid_access_token_contract(
+    contract_sandbox: SandboxProcess, headers: dict
+) -> None:
+    response = httpx.get(f"{contract_sandbox.api_url}/inboxes", headers=headers, trust_env=False)
+    assert response.status_code == 401
+    assert response.json() == {"error": "Invalid Access Token"}
+
+
+def test_token_of_another_account_is_403_contract(contract_sandbox: SandboxProcess) -> None:
+    headers = {"api_access_token": OTHER_TOKEN}
+    response = httpx.get(f"{contract_sandbox.api_url}/inboxes", headers=headers, trust_env=False)
     assert response.status_code == 403
-    assert "error" in response.json()
+    assert response.json() == {"error": "You are not authorized to access this account"}
 
 
 def test_unknown_account_is_404_json(sandbox: SandboxProcess) -> None:
@@ -77,11 +96,42 @@ def test_create_contact_returns_contact_and_contact_inbox_with_source_id(api: Ap
     "clash",
     [{"identifier": "p-1"}, {"phone_number": "+15550001111"}, {"email": "ANA@example.com"}],
 )
-def test_duplicate_identifier_phone_or_email_is_422(api: Api, clash: dict) -> None:
+def test_duplicate_identifier_phone_or_email_is_422_with_the_stock_validation_body(api: Api, clash: dict) -> None:
     api.contact(5, identifier="p-1", phone_number="+15550001111", email="ana@example.com")
     response = api.post("/contacts", {"inbox_id": 5, **clash})
     assert response.status_code == 422
-    assert "error" in response.json()
+    body = response.json()
+    assert set(body) == {"message", "attributes"}  # no "error" key
+    assert body["attributes"] == [next(iter(clash))]
+    assert body["message"].endswith("has already been taken")
+
+
+def test_duplicate_contact_is_400_contract(contract_api: Api) -> None:
+    contract_api.contact(5, identifier="p-1")
+    response = contract_api.post("/contacts", {"inbox_id": 5, "identifier": "p-1"})
+    assert response.status_code == 400
+    assert response.json() == {"error": "Identifier has already been taken", "attributes": ["identifier"]}
+
+
+def test_email_is_stored_and_matched_lowercased(api: Api) -> None:
+    created = api.contact(3, name="Mixed", email="Mixed.Case@Example.ORG")["contact"]
+    assert created["email"] == "mixed.case@example.org"
+    found = api.get("/contacts/search", params={"q": "MIXED.case@example.org"}).json()["payload"]
+    assert [c["id"] for c in found] == [created["id"]]
+    assert api.post("/contacts", {"inbox_id": 3, "email": "MIXED.CASE@example.org"}).status_code == 422
+
+
+def test_a_body_without_a_json_content_type_is_not_read(api: Api) -> None:
+    # given a valid createContact body sent as text/plain
+    raw = json.dumps({"inbox_id": 5, "identifier": "plain-text"}).encode()
+    response = api.post("/contacts", content=raw, headers={"Content-Type": "text/plain"})
+    # then its fields are not read: inbox_id is missing, and nothing was created
+    assert response.status_code == 422
+    assert {d["field"] for d in response.json()["details"]} == {"inbox_id"}
+    assert api.get("/contacts/search", params={"q": "plain-text"}).json()["payload"] == []
+    # and the same bytes as application/json (with a charset) create the contact
+    typed = api.post("/contacts", content=raw, headers={"Content-Type": "application/json; charset=utf-8"})
+    assert typed.status_code == 200
 
 
 def test_racing_creates_of_one_contact_end_on_one_contact(api: Api) -> None:
@@ -95,7 +145,7 @@ def test_racing_creates_of_one_contact_end_on_one_contact(api: Api) -> None:
 
 
 def test_invalid_contact_bodies(api: Api) -> None:
-    assert api.post("/contacts", content=b"{not json").status_code == 400
+    assert api.post("/contacts", content=b"{not json", headers={"Content-Type": "application/json"}).status_code == 400
     assert api.post("/contacts", {"name": "no inbox"}).status_code == 422
     assert api.post("/contacts", {"inbox_id": "1"}).status_code == 422
     assert api.post("/contacts", {"inbox_id": 5, "phone_number": "555-1234"}).status_code == 422
@@ -105,12 +155,14 @@ def test_invalid_contact_bodies(api: Api) -> None:
     assert api.get("/contacts/search", params={"q": "No Phone"}).json()["payload"] == []
 
 
-def test_search_is_a_substring_match_with_string_current_page(api: Api) -> None:
+def test_search_is_a_substring_match_and_current_page_is_1_without_page(api: Api) -> None:
     api.contact(5, name="Long", phone_number="+15551234")
     api.contact(5, name="Short", phone_number="+15559999")
     body = api.get("/contacts/search", params={"q": "+1555123"}).json()
     assert [c["phone_number"] for c in body["payload"]] == ["+15551234"]
-    assert body["meta"] == {"count": 1, "current_page": "1", "has_more": False}
+    assert body["meta"] == {"count": 1, "current_page": 1, "has_more": False}  # the integer, on stock
+    with_page = api.get("/contacts/search", params={"q": "+1555123", "page": 1}).json()
+    assert with_page["meta"]["current_page"] == "1"  # the string, when page is given
     by_email = api.get("/contacts/search", params={"q": "hort"}).json()["payload"]
     assert [c["name"] for c in by_email] == ["Short"]
 
@@ -124,6 +176,12 @@ def test_search_pages_hold_15_contacts(api: Api) -> None:
     assert (second["meta"]["count"], second["meta"]["has_more"], second["meta"]["current_page"]) == (2, False, "2")
     assert api.get("/contacts/search", params={"q": "x", "page": 0}).status_code == 400
     assert api.get("/contacts/search").status_code == 400
+
+
+def test_current_page_is_always_an_integer_contract(contract_api: Api) -> None:
+    contract_api.contact(5, identifier="pg-1")
+    assert contract_api.get("/contacts/search", params={"q": "pg-"}).json()["meta"]["current_page"] == 1
+    assert contract_api.get("/contacts/search", params={"q": "pg-", "page": 1}).json()["meta"]["current_page"] == 1
 
 
 def test_contactable_inboxes_source_ids_per_channel(api: Api) -> None:
@@ -193,6 +251,20 @@ def test_create_conversation_with_unbound_source_id(api: Api) -> None:
     assert api.post("/conversations", {"source_id": "x", "status": "closed"}).status_code == 422
 
 
+def test_a_plus_in_a_platform_source_id_is_422_on_stock(api: Api) -> None:
+    created = api.contact(1, phone_number="+15553334444")["contact"]
+    response = api.post("/conversations", {"source_id": "+15553334444", "inbox_id": 1, "contact_id": created["id"]})
+    assert response.status_code == 422
+    assert response.json()["attributes"] == ["source_id"]
+    assert "error" not in response.json()
+
+
+def test_a_plus_in_a_platform_source_id_is_404_contract(contract_api: Api) -> None:
+    created = contract_api.contact(1, phone_number="+15553334444")["contact"]
+    body = {"source_id": "+15553334444", "inbox_id": 1, "contact_id": created["id"]}
+    assert contract_api.post("/conversations", body).status_code == 404
+
+
 def test_shared_examples_create_conversations(api: Api) -> None:
     email_body = example("docs_conversation_create_email_inbox.request.json")
     contact = api.contact(3, email=email_body["source_id"])["contact"]
@@ -248,8 +320,16 @@ def test_list_messages_latest_20_and_paging(api: Api) -> None:
     assert "meta" in latest
     back = api.get(path, params={"before": ids[-20]}).json()["payload"]
     assert [m["id"] for m in back] == ids[5:25]
+
+
+def test_list_messages_after_gives_up_to_100_and_after_with_before_a_half_open_range(api: Api) -> None:
+    conv = api.conversation(5, identifier="m-after")
+    ids = [api.send(conv["id"], {"content": f"n{n}"}).json()["id"] for n in range(130)]
+    path = f"/conversations/{conv['id']}/messages"
     forward = api.get(path, params={"after": ids[4]}).json()["payload"]
-    assert [m["id"] for m in forward] == ids[5:25]
+    assert [m["id"] for m in forward] == ids[5:105]  # after the id, oldest first, 100
+    between = api.get(path, params={"after": ids[10], "before": ids[20]}).json()["payload"]
+    assert [m["id"] for m in between] == ids[10:20]  # [after, before)
 
 
 def test_unknown_conversation_is_404_for_both_message_operations(api: Api) -> None:
@@ -265,7 +345,8 @@ def test_invalid_message_bodies_are_422(api: Api) -> None:
     assert api.send(conv["id"], {"content": "x", "message_type": "activity"}).status_code == 422
     partial = {"content": "x", "template_params": {"name": "appointment_reminder", "language": "en"}}
     assert api.send(conv["id"], partial).status_code == 422
-    assert api.post(f"/conversations/{conv['id']}/messages", content=b"[1,").status_code == 400
+    malformed = api.post(f"/conversations/{conv['id']}/messages", content=b"[1,", headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 400
 
 
 # -- webhooks --------------------------------------------------------------------------------------
@@ -286,11 +367,31 @@ def test_create_and_list_webhooks(api: Api) -> None:
         {"webhook": {"url": "http://127.0.0.1:9/h", "subscriptions": []}},
         {"webhook": {"url": "http://127.0.0.1:9/h", "subscriptions": ["message_deleted"]}},
         {"webhook": {"url": "not a url", "subscriptions": ["message_created"]}},
-        {"url": "http://127.0.0.1:9/h", "subscriptions": ["message_created"]},
+        {"url": "not a url", "subscriptions": ["message_created"]},
     ],
 )
 def test_invalid_webhook_bodies_are_422(api: Api, body: dict) -> None:
     assert api.post("/webhooks", body).status_code == 422
+
+
+def test_a_flat_webhook_body_is_taken_on_stock_and_refused_contract(api: Api, contract_api: Api) -> None:
+    flat = {"url": "http://127.0.0.1:9/flat", "subscriptions": ["message_created"]}
+    taken = api.post("/webhooks", flat)
+    assert taken.status_code == 200
+    assert taken.json()["payload"]["webhook"]["url"] == flat["url"]
+    assert contract_api.post("/webhooks", flat).status_code == 422
+
+
+def test_a_webhook_url_the_account_has_is_422_on_stock(api: Api, contract_api: Api) -> None:
+    body = {"webhook": {"url": "http://127.0.0.1:9/same", "subscriptions": ["message_updated"]}}
+    assert api.post("/webhooks", body).status_code == 200
+    again = api.post("/webhooks", body)
+    assert again.status_code == 422
+    assert again.json() == {"message": "Url has already been taken", "attributes": ["url"]}
+    assert len(api.get("/webhooks").json()["payload"]["webhooks"]) == 1
+    # the contract shows no such rule: a second subscription is made
+    assert contract_api.post("/webhooks", body).status_code == 200
+    assert contract_api.post("/webhooks", body).status_code == 200
 
 
 def test_account_two_sees_only_its_own_data(sandbox: SandboxProcess) -> None:
@@ -300,6 +401,25 @@ def test_account_two_sees_only_its_own_data(sandbox: SandboxProcess) -> None:
         assert other.get("/conversations/1/messages").status_code == 404
     finally:
         other.close()
+
+
+def test_contact_search_is_limited_to_100_a_minute_per_account_on_stock(sandbox: SandboxProcess) -> None:
+    # given the stock profile at its defaults: 100 searches a minute per account
+    api, other = Api(sandbox), Api(sandbox, token=OTHER_TOKEN, account_id=2)
+    try:
+        statuses = [api.get("/contacts/search", params={"q": "a"}).status_code for _ in range(101)]
+        refused = api.get("/contacts/search", params={"q": "a"})
+        other_status = other.get("/contacts/search", params={"q": "a"}).status_code
+    finally:
+        api.close()
+        other.close()
+    # then the 101st is refused the stock way, and the other account is not affected
+    assert statuses[:100] == [200] * 100 and statuses[100] == 429
+    assert refused.status_code == 429
+    assert refused.headers["content-type"].startswith("text/plain")
+    assert refused.text == "Retry later"
+    assert "retry-after" not in refused.headers
+    assert other_status == 200
 
 
 def test_contact_search_limit_per_account() -> None:

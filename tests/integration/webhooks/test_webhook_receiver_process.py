@@ -112,21 +112,23 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(tmp_path: Path, database_url: str, redis_url: str, *, prefix: str, webhooks: str) -> Iterator[Stack]:
+def running_stack(tmp_path: Path, database_url: str, redis_url: str, *, profile: str, prefix_setting: str,
+                  webhooks: str) -> Iterator[Stack]:
     upgrade_database(database_url)
     broker_url = f"{redis_url.rstrip('/')}/{BROKER_DB}"
     broker = redis.Redis.from_url(broker_url)
     broker.flushdb()
-    config = SANDBOX_CONFIG.replace("[webhooks]", f'[webhooks]\nheader_prefix = "{prefix}"\n{webhooks}')
+    config = SANDBOX_CONFIG.replace("[webhooks]", f"[webhooks]\n{webhooks}")
+    prefix = "Chatwoot" if profile == "stock" else "Service"
     engine = sa.create_engine(database_url)
-    with running_sandbox(config) as sandbox:
+    with running_sandbox(config, profile=profile) as sandbox:
         port = free_port()
         receiver_url = f"http://127.0.0.1:{port}{PATH}"
         env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
         registered = CliRunner().invoke(webhooks_group, ["register", "--url", receiver_url, "--name", "it"], env=env)
         assert registered.exit_code == 0, registered.output
         secret = registered.output.splitlines()[-1]
-        env.update(DISPATCHER_WEBHOOK_SECRETS=f"{secret},an-old-secret", DISPATCHER_WEBHOOK_HEADER_PREFIX=prefix)
+        env.update(DISPATCHER_WEBHOOK_SECRETS=f"{secret},an-old-secret", DISPATCHER_WEBHOOK_HEADER_PREFIX=prefix_setting)
         log_path = tmp_path / "receiver.log"
         command = ("import sys; from dispatcher.cli.webhook_commands import receiver_command; "
                    "receiver_command(sys.argv[1:])")
@@ -182,17 +184,19 @@ def all_delivered(sandbox: SandboxProcess, events: int) -> dict[str, Any] | None
     return hooks if done else None
 
 
-@pytest.mark.parametrize(("prefix", "webhooks", "with_status"), [
-    ("Service", "include_status = true\nduplicate_share = 0.5\nconcurrency = 4", True),
-    ("Chatwoot", "include_status = false", False),
-], ids=["contract-dialect-with-duplicates", "stock-dialect-without-status"])
+@pytest.mark.parametrize(("profile", "prefix_setting", "webhooks", "with_status"), [
+    ("contract", "Service", "duplicate_share = 0.5\nconcurrency = 4", True),
+    ("stock", "auto", "", False),
+], ids=["contract-profile-with-duplicates", "stock-profile-default-receiver"])
 def test_the_receiver_records_queues_and_refuses(
-    tmp_path: Path, fresh_postgres_url: str, redis_url: str, prefix: str, webhooks: str, with_status: bool
+    tmp_path: Path, fresh_postgres_url: str, redis_url: str, profile: str, prefix_setting: str, webhooks: str,
+    with_status: bool,
 ) -> None:
-    with running_stack(tmp_path, fresh_postgres_url, redis_url, prefix=prefix, webhooks=webhooks) as stack:
-        # given three outgoing messages (created, delivered, read) and one incoming message
+    with running_stack(tmp_path, fresh_postgres_url, redis_url, profile=profile, prefix_setting=prefix_setting,
+                       webhooks=webhooks) as stack:
+        # given three outgoing SMS messages (created; the provider's id, delivered, read) and one incoming message
         message_ids, writer = send_messages(stack.sandbox)
-        expected_events = 3 * len(message_ids) + 1
+        expected_events = 4 * len(message_ids) + 1
         # when the sandbox has delivered every event (and its duplicates under new IDs)
         hooks = wait_for(lambda: all_delivered(stack.sandbox, expected_events), what="all deliveries")
         rows = wait_for(lambda: (r := stack.rows()) and len(r) == hooks["delivered"] and r, what="rows")
@@ -206,7 +210,7 @@ def test_the_receiver_records_queues_and_refuses(
         assert {s["message_id"] for s in updates} == set(message_ids)
         assert all(s["conversation_display_id"] is not None for s in summaries)
         statuses = {s["status"] for s in updates}
-        assert statuses == ({"delivered", "read"} if with_status else {None})
+        assert statuses == ({"sent", "delivered", "read"} if with_status else {None})
         incoming = [s for s in summaries if s["message_type"] == "incoming"]
         assert incoming and {s["contact_id"] for s in incoming} == {writer}
 
@@ -232,3 +236,19 @@ def test_the_receiver_records_queues_and_refuses(
                     stack.sandbox.token, stack.secret):
         assert private not in log
         assert private not in stored
+
+
+def test_registering_a_url_twice_on_a_stock_workspace_says_what_to_do(clean_environment: pytest.MonkeyPatch) -> None:
+    # given a stock workspace (one webhook per URL) with the receiver's URL registered once
+    with running_sandbox() as sandbox:
+        env = dispatcher_environment(api_url=sandbox.base_url, database_url="sqlite:///unused.sqlite",
+                                     broker_url="memory://")
+        url = "http://127.0.0.1:8080/webhooks/messaging"
+        first = CliRunner().invoke(webhooks_group, ["register", "--url", url], env=env)
+        assert first.exit_code == 0, first.output
+        # when it is registered again, then one line says why and what to do, exit 1
+        again = CliRunner().invoke(webhooks_group, ["register", "--url", url], env=env)
+    assert again.exit_code == 1
+    assert again.output.strip() == (
+        "error: the workspace refused the webhook (HTTP 422): a webhook for this URL exists already, and a stock"
+        " workspace keeps one per URL: keep using the secret it was registered with")

@@ -31,7 +31,19 @@ def test_signature_covers_the_exact_bytes() -> None:
 
 
 def test_payload_encoding_is_compact_utf8() -> None:
-    assert webhooks.encode_payload({"content": "ó", "n": 1}) == '{"content":"ó","n":1}'.encode()
+    assert webhooks.encode_payload({"content": "ó", "n": 1}, escape_html=False) == '{"content":"ó","n":1}'.encode()
+
+
+def test_stock_encoding_escapes_html_characters_as_rails_does_and_keeps_the_json_equal() -> None:
+    # given a payload with the characters Rails' JSON encoder escapes, and some non-ASCII
+    payload = {"content": "<b>Tom & Jerry</b> ó \u2028", "n": 1}
+    # when it is encoded the stock way
+    body = webhooks.encode_payload(payload, escape_html=True)
+    # then < > & and U+2028 are \u escapes, non-ASCII stays raw UTF-8, and the JSON is the same
+    assert body == b'{"content":"\\u003cb\\u003eTom \\u0026 Jerry\\u003c/b\\u003e \xc3\xb3 \\u2028","n":1}'
+    import json
+
+    assert json.loads(body) == payload
 
 
 # -- configuration -------------------------------------------------------------------------------

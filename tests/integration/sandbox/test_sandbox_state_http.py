@@ -1,0 +1,189 @@
+"""The sandbox keeps its data across restarts, says where it listens, and plays the field's regression.
+
+Each test restarts a real sandbox process on one state file, over HTTP on loopback, the way a user
+restarts it between two demo runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sandbox_helpers import FAST_CONFIG, Api, WebhookReceiver, wait_for
+
+from tests.support.sandbox_process import REPO_ROOT, free_port, running_sandbox
+
+pytestmark = pytest.mark.integration
+
+
+def test_contacts_conversations_messages_and_webhooks_survive_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    # given a contact, a conversation, two messages and a webhook in a sandbox that then stops
+    with running_sandbox(FAST_CONFIG, state_file=state) as first:
+        api = Api(first)
+        conversation = api.conversation(2, phone_number="+15558100001", email="Keep.Me@Example.org")
+        sent = [api.send(conversation["id"], {"content": f"m{n}"}).json()["id"] for n in range(2)]
+        hook = api.webhook("http://127.0.0.1:9/kept", ["message_updated"])
+        wait_for(lambda: all(m["status"] == "read" for m in first.messages()))
+        before = first.messages()
+        api.close()
+    # when a new process starts on the same file
+    with running_sandbox(FAST_CONFIG, state_file=state) as second:
+        api = Api(second)
+        # then everything is there, under the same ids, with its last status and provider id
+        assert second.messages() == before
+        listed = api.get(f"/conversations/{conversation['id']}/messages").json()["payload"]
+        assert [m["id"] for m in listed] == sent
+        assert all(m["source_id"].startswith("SM") for m in listed)
+        found = api.get("/contacts/search", params={"q": "keep.me@example.org"}).json()["payload"]
+        assert [c["email"] for c in found] == ["keep.me@example.org"]
+        assert [h["id"] for h in api.get("/webhooks").json()["payload"]["webhooks"]] == [hook["id"]]
+        # and ids go on past the stored ones: nothing is reused
+        third = api.send(conversation["id"], {"content": "after the restart"}).json()
+        assert third["id"] > max(sent)
+        other = api.conversation(2, phone_number="+15558100002")
+        assert other["id"] == conversation["id"] + 1
+        again = api.post("/webhooks", {"webhook": {"url": "http://127.0.0.1:9/kept", "subscriptions": ["message_created"]}})
+        assert again.status_code == 422  # the stored webhook's URL is still taken
+        api.close()
+
+
+def test_a_message_under_way_carries_on_after_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    slow = "[behaviour]\ndelivered_after_s = 30\nread_after_s = 0.05\n"
+    with running_sandbox(slow, state_file=state) as first:
+        api = Api(first)
+        conversation = api.conversation(5, identifier="under-way")
+        message = api.send(conversation["id"], {"content": "x"}).json()
+        api.close()
+    # the first process stopped before "delivered"; the next one, with short delays, finishes the fate
+    with running_sandbox(FAST_CONFIG, state_file=state) as second:
+        row = wait_for(lambda: next((m for m in second.messages() if m["id"] == message["id"] and m["status"] == "read"), None))
+        assert row["status"] == "read"
+
+
+def test_a_killed_sandbox_keeps_what_it_answered(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandbox", "--port", str(port), "--state", str(state)],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/api/v1/accounts/1"
+        headers = {"api_access_token": "sandbox-token-account-1"}
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/_sandbox/health"), timeout_s=10)
+        created = httpx.post(f"{url}/contacts", headers=headers, json={"inbox_id": 5, "identifier": "kill-9"}, trust_env=False)
+        assert created.status_code == 200
+    finally:
+        process.send_signal(signal.SIGKILL)  # no clean stop: no compaction
+        process.wait(timeout=10)
+    with running_sandbox(state_file=state) as after, Api(after) as api:
+        found = api.get("/contacts/search", params={"q": "kill-9"}).json()["payload"]
+        assert [c["identifier"] for c in found] == ["kill-9"]
+
+
+def test_fresh_and_in_memory_start_empty(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    with running_sandbox(state_file=state) as first, Api(first) as api:
+        api.contact(5, identifier="forget-me")
+    with running_sandbox(state_file=state, extra_args=["--fresh"]) as fresh, Api(fresh) as api:
+        assert api.get("/contacts/search", params={"q": "forget-me"}).json()["payload"] == []
+    with running_sandbox(extra_args=["--in-memory"]) as memory, Api(memory) as api:
+        api.contact(5, identifier="nowhere")
+    assert "nowhere" not in state.read_text()
+
+
+def test_restarts_draw_new_secrets_and_delivery_ids(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    secrets = []
+    for _ in range(2):
+        with running_sandbox(state_file=state) as sb, Api(sb) as api:
+            secrets.append(api.webhook(f"http://127.0.0.1:9/h{len(secrets)}", ["message_created"])["secret"])
+    assert secrets[0] != secrets[1]
+
+
+def test_a_second_sandbox_on_the_same_file_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    with running_sandbox(state_file=state):
+        taken = subprocess.run(
+            [sys.executable, "-m", "sandbox", "--port", str(free_port()), "--state", str(state)],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+    assert taken.returncode == 2
+    assert taken.stderr.strip() == f"sandbox: {state}: the state file is in use by another sandbox"
+
+
+@pytest.mark.parametrize("launcher", [[sys.executable, "-m", "sandbox"], [sys.executable, "-m", "dispatcher", "sandbox"]])
+def test_at_start_it_says_where_it_listens_and_every_documented_option_works(tmp_path: Path, launcher: list[str]) -> None:
+    port = free_port()
+    state = tmp_path / "state.jsonl"
+    process = subprocess.Popen(
+        [*launcher, "--host", "127.0.0.1", "--port", str(port), "--profile", "contract", "--state", str(state),
+         "--fresh", "--log-level", "info"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/_sandbox/health"), timeout_s=15)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=15)
+    lines = out.splitlines()
+    assert lines[0] == f"sandbox listening on http://127.0.0.1:{port}  (profile: contract)"
+    assert "  account 1 (Demo Clinic): token sandbox-token-account-1" in lines
+    assert '    inbox 1: Channel::Whatsapp "WhatsApp Reminders"' in lines
+    assert '    inbox 2: Channel::Sms "SMS"' in lines
+    assert f"  state: {state} (started empty)" in lines
+    assert any("dispatcher webhooks register --url" in line for line in lines)
+    assert any(f"DISPATCHER_API_URL=http://127.0.0.1:{port}" in line for line in lines)
+    assert "INFO" in err  # --log-level info reached uvicorn and the sandbox
+    assert process.returncode in (0, -signal.SIGTERM)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1, trust_env=False).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_regress_rule_goes_delivered_then_back_to_sent_then_read_on_stock() -> None:
+    # given the stock profile with a second between the steps, so every state can be seen
+    config = "[behaviour]\ndelivered_after_s = 0.5\nread_after_s = 2.0\n"
+    with running_sandbox(config) as sb:
+        api = Api(sb)
+        conversation = api.conversation(2, phone_number="+15550700001")  # the default seed's regress rule
+        message = api.send(conversation["id"], {"content": "x"}).json()
+        path = f"/conversations/{conversation['id']}/messages"
+        seen: list[str] = []
+        deadline = time.monotonic() + 15
+        while (not seen or seen[-1] != "read") and time.monotonic() < deadline:
+            status = next(m for m in api.get(path).json()["payload"] if m["id"] == message["id"])["status"]
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            time.sleep(0.05)
+        api.close()
+    # then the message list showed the late "sent" after "delivered"
+    assert seen == ["sent", "delivered", "sent", "read"]
+
+
+def test_the_regress_rule_announces_each_status_contract(receiver: WebhookReceiver) -> None:
+    receiver.prefix = "Service"
+    with running_sandbox(FAST_CONFIG, profile="contract") as sb:
+        api = Api(sb)
+        hook = api.webhook(receiver.url, ["message_updated"])
+        receiver.secret = hook["secret"]
+        conversation = api.conversation(2, phone_number="+15550700002")
+        message = api.send(conversation["id"], {"content": "x"}).json()
+        updates = wait_for(lambda: [r.json["status"] for r in receiver.events("message_updated")
+                                    if r.json["id"] == message["id"]] if len(receiver.events()) >= 4 else None)
+        api.close()
+    assert updates == ["sent", "delivered", "sent", "read"]  # provider id, delivered, the late sent, read
