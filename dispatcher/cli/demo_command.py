@@ -11,9 +11,12 @@ import click
 def demo_command() -> None:
     """Run the demo on embedded defaults: no servers to install.
 
-    Starts the sandbox as a child process, sends sample appointment reminders through the
-    contract's steps, waits for their delivery states, prints a table of the final states and
-    exits 0 when every state is the expected one (1 otherwise).
+    Starts the sandbox (a stock workspace's double) and the dispatcher's processes as children,
+    sends sample appointment reminders through the contract's steps, lets a patient write back,
+    waits for the delivery states, prints a table of the final states and exits 0 when every
+    state is the expected one (1 otherwise). It keeps its store, broker and the sandbox's data
+    in var/demo/ under the current directory: a second run sends again to the same patients and
+    must end the same way. Delete var/demo/ to start over.
 
     \b
     Example:
