@@ -209,7 +209,9 @@ class Settings(BaseSettings):
     @field_validator("webhook_header_prefix")
     @classmethod
     def _header_prefix(cls, value: str) -> str:
-        if value != "auto" and not _HEADER_PREFIX.match(value):
+        if value.lower() == "auto":
+            return "auto"  # any case: "Auto" must not become a header word no delivery carries
+        if not _HEADER_PREFIX.match(value):
             raise ValueError("must be auto or a header word such as Service or Chatwoot")
         return value
 

@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -73,10 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def banner(sandbox: Sandbox, *, host: str, port: int, state: Path | None) -> str:
-    """Where it listens and how to reach it: URL, accounts and tokens, inboxes, profile, state file."""
+    """Where it listens and how to reach it: URL, accounts and tokens, inboxes, profile, state file.
+
+    ``host`` and ``port`` are the bound socket's, so ``--port 0`` shows the port the system chose.
+    """
     config = sandbox.config
-    url = f"http://{host}:{port}"
-    lines = [f"sandbox listening on {url}  (profile: {config.profile})"]
+    everywhere = host in ("0.0.0.0", "::")  # the wildcard: say so, and how to reach it from here
+    reachable = "127.0.0.1" if everywhere else host
+    url = f"http://{f'[{reachable}]' if ':' in reachable else reachable}:{port}"
+    where = f"every address, port {port} ({url} from this machine)" if everywhere else url
+    lines = [f"sandbox listening on {where}  (profile: {config.profile})"]
     for account in config.accounts:
         tokens = [t.token for t in config.tokens if account.id in t.accounts]
         lines.append(f"  account {account.id} ({account.name}): token {', '.join(tokens) or '-'}")
@@ -98,16 +105,17 @@ def banner(sandbox: Sandbox, *, host: str, port: int, state: Path | None) -> str
 
 
 class AnnouncingServer(uvicorn.Server):
-    """Prints the banner once the socket is bound, so what it says is true."""
+    """Prints the banner once the socket is bound, from the bound address, so what it says is true."""
 
-    def __init__(self, config: uvicorn.Config, text: str) -> None:
+    def __init__(self, config: uvicorn.Config, text: Callable[[str, int], str]) -> None:
         super().__init__(config)
         self.text = text
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets=sockets)
-        if self.started:
-            print(self.text, flush=True)
+        if self.started and self.servers and self.servers[0].sockets:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(self.text(host, port), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=1,  # a request held by a fault must not delay shutdown
         **fast,
     )
-    server = AnnouncingServer(server_config, banner(sandbox, host=args.host, port=args.port, state=state))
+    server = AnnouncingServer(server_config, lambda host, port: banner(sandbox, host=host, port=port, state=state))
     logging.getLogger("uvicorn.error").addFilter(QuietDroppedResponses())
     server.run()  # the app's lifespan compacts and releases the state file at a clean stop
     return 0 if server.started else 1

@@ -154,9 +154,8 @@ class Channels:
             return Plan(rule.effect)
         return Plan("progress")
 
-    def start(self, message: MessageRec, plan: Plan) -> None:
-        """Play out ``plan`` for a just-stored message (its plan is kept on the message)."""
-        message.plan_effect, message.plan_error = plan.effect, plan.external_error
+    def start(self, message: MessageRec) -> None:
+        """Play out the plan stored on a just-stored message (see :meth:`plan`)."""
         self._schedule(message, elapsed_s=0.0)
 
     def resume(self, message: MessageRec) -> None:

@@ -1,4 +1,4 @@
-"""The sandbox's configuration: seed data plus behaviour, webhook and fault settings, from TOML.
+"""The sandbox's configuration: the profile, seed data, and behaviour, webhook and fault settings, from TOML.
 
 One file format serves both the shipped default seed (``seed.default.toml``) and ``--config FILE``.
 Merging rule, kept simple so a test config can be three lines long:
@@ -6,7 +6,10 @@ Merging rule, kept simple so a test config can be three lines long:
 * if the file defines ``accounts``, the whole seed (accounts, tokens, inboxes, contacts,
   recipient_rules) comes from the file alone; otherwise the default seed is used;
 * the tables ``[behaviour]``, ``[webhooks]`` and ``[faults.<operationId>]`` are merged key by key
-  over the default file's tables; keys left out keep the model defaults below.
+  over the default file's tables; keys left out keep the model defaults below, except the four
+  profile settings (``PROFILE_SETTINGS``), which come from the chosen profile;
+* ``profile`` (``stock`` or ``contract``): the command line's ``--profile``, else the file's, else
+  the default file's.
 
 Every key is documented in docs/sandbox.md. Units are in the names (``_s`` seconds, ``_share`` 0..1).
 """
@@ -20,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandbox.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, Profile, ProfileName
+from sandbox.profiles import DEFAULT_PROFILE, PROFILES, Profile, ProfileName
 
 SEED_KEYS = ("accounts", "tokens", "inboxes", "contacts", "recipient_rules")
 # Settings whose default comes from the profile when a file leaves them out: (table, key, field).
@@ -168,6 +171,22 @@ class SandboxConfig(_Strict):
     webhooks: Webhooks = Webhooks()
     faults: dict[str, Fault] = {}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_defaults(cls, data: Any) -> Any:
+        """Profile settings a file leaves out come from the chosen profile (sandbox/profiles.py)."""
+        if not isinstance(data, dict):
+            return data
+        preset = PROFILES.get(data.get("profile", DEFAULT_PROFILE))
+        if preset is None:
+            return data  # an unknown name is refused by the field, naming it
+        filled = dict(data)
+        for table, key, field in PROFILE_SETTINGS:
+            values = filled.get(table, {})
+            if isinstance(values, dict) and key not in values:
+                filled[table] = {**values, key: getattr(preset, field)}
+        return filled
+
     @model_validator(mode="after")
     def _check_references(self) -> SandboxConfig:
         account_ids = {a.id for a in self.accounts}
@@ -207,8 +226,8 @@ def merge_documents(
     settings the files leave out come from the chosen profile.
     """
     merged: dict[str, Any] = {}
-    chosen = profile or override.get("profile") or default.get("profile") or DEFAULT_PROFILE
-    merged["profile"] = chosen
+    chosen = profile if profile is not None else override.get("profile", default.get("profile", DEFAULT_PROFILE))
+    merged["profile"] = chosen  # the model fills the profile's settings and refuses an unknown name
     seed_source = override if "accounts" in override else default
     for key in SEED_KEYS:
         if key in seed_source:
@@ -219,10 +238,6 @@ def merge_documents(
     for op, values in override.get("faults", {}).items():
         faults[op] = {**faults.get(op, {}), **values}
     merged["faults"] = faults
-    if chosen in PROFILE_NAMES:  # an unknown name is refused by the model, naming the key
-        preset = PROFILES[chosen]
-        for table, key, field in PROFILE_SETTINGS:
-            merged[table].setdefault(key, getattr(preset, field))
     extra = set(override) - set(SEED_KEYS) - {"behaviour", "webhooks", "faults", "profile"}
     for key in extra:
         merged[key] = override[key]  # rejected by the strict model with a clear message

@@ -2,7 +2,7 @@
 
 Each handler is wrapped by :func:`operation`, which in order: counts the call, applies the faults
 configured for its operationId (latency, timeout, 429, 5xx), checks the token (401 unknown or
-missing, 404 unknown account, 403 no access), runs the handler, and finally applies a "drop the
+missing, 404 unknown account, 401 or 403 (by profile) no access), runs the handler, and finally applies a "drop the
 response" fault to a successful answer. Handlers never await between reading and writing the store.
 
 Status choices where the contract leaves room (also in docs/sandbox.md): path ids that do not exist

@@ -77,8 +77,10 @@ class Journal:
             raise StateFileError("the state file is in use by another sandbox") from None
         except OSError as exc:
             raise StateFileError(f"cannot open the state file ({exc.strerror})") from None
-        restored = Restored() if fresh or not self.path.exists() else self._read()
+        restored = self._read() if self.path.exists() else Restored()
         self.boots = restored.boots
+        if fresh:  # forget the records, but keep counting starts: ids never repeat an earlier run's
+            return Restored(boots=restored.boots)
         return restored
 
     def _read(self) -> Restored:

@@ -10,14 +10,28 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox.journal import Restored
+from sandbox.journal import Restored, StateFileError
 from sandbox.records import ContactInboxRec, ContactRec, ConversationRec, MessageRec, WebhookRec
 from sandbox.state import FIRST_IDS, Store, conversation_record
 
 
 def restore(store: Store, restored: Restored) -> None:
-    """Rebuild every record and index of an empty store; counters restart past the largest ids."""
+    """Rebuild every record and index of an empty store; counters restart past the largest ids.
+
+    Raises StateFileError when the file holds data for an account or inbox the seed lacks (a file
+    kept from another seed): carrying on would fail later, on some request, with less to go on.
+    """
     records = restored.records
+    for kind in ("contact", "conversation", "message", "webhook"):
+        for raw in records[kind].values():
+            if raw.get("account_id") not in store.accounts:
+                raise StateFileError(f"it holds a {kind} of account {raw.get('account_id')}, which the seed lacks;"
+                                     " start with --fresh or another --state")
+    for kind in ("binding", "conversation", "message"):
+        for raw in records[kind].values():
+            if raw.get("inbox_id") not in store.inboxes:
+                raise StateFileError(f"it holds a {kind} of inbox {raw.get('inbox_id')}, which the seed lacks;"
+                                     " start with --fresh or another --state")
     for raw in records["contact"].values():
         contact = ContactRec(**raw)
         store.contacts[contact.id] = contact

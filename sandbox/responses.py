@@ -5,8 +5,9 @@ with ``text/plain`` ``Retry later`` and no ``Retry-After`` header, and a stock v
 (``{"message": "...", "attributes": [...]}``, :func:`validation_error`). Messages never echo
 request values.
 
-A body is read as JSON only when the request says ``Content-Type: application/json`` (or another
-``+json`` type), as the real service's framework does: otherwise its fields are not read at all.
+A body is read as JSON only when the request says ``Content-Type: application/json`` (parameters
+such as ``charset`` allowed), as the real service's framework does: otherwise its fields are not
+read at all.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def validation_error(dialect: Profile, message: str, attributes: list[str], *, s
 
 def is_json(request: Request) -> bool:
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+    return media_type == "application/json"
 
 
 def retry_later() -> Response:

@@ -161,9 +161,11 @@ class Sandbox:
             template_params=template_params,
             additional_attributes=additional,
             dispatched=dispatched,
+            plan_effect=plan.effect,  # written with the message: a sandbox killed now resumes it
+            plan_error=plan.external_error,
         )
         self.announce_message(message, "message_created")
-        channels.start(message, plan)
+        channels.start(message)
         return message
 
     def receive_message(

@@ -13,7 +13,7 @@ import click
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
-from dispatcher.api import Rejected, WorkspaceClient
+from dispatcher.api import ApiError, Rejected, WorkspaceClient
 from dispatcher.settings import load_settings
 
 APP_FACTORY = "dispatcher.webhooks.receiver:app_from_environment"
@@ -78,9 +78,9 @@ def register_command(ctx: click.Context, url: str, name: str | None) -> None:
         try:
             webhook = client.create_webhook(url=url, subscriptions=list(SUBSCRIPTIONS), name=name)
         except Rejected as refusal:
-            registered = any(hook.url == url for hook in client.list_webhooks())
             reason = ("a webhook for this URL exists already, and a stock workspace keeps one per URL: keep using"
-                      " the secret it was registered with" if registered else "check the URL (http or https)")
+                      " the secret it was registered with" if _registered(client, url)
+                      else "check the URL (an http or https URL the workspace accepts)")
             click.echo(f"error: the workspace refused the webhook (HTTP {refusal.status_code}): {reason}", err=True)
             raise SystemExit(1) from None
     click.echo(f"webhook {webhook.id} registered for {', '.join(SUBSCRIPTIONS)}")
@@ -89,3 +89,11 @@ def register_command(ctx: click.Context, url: str, name: str | None) -> None:
         raise SystemExit(1)
     click.echo("signing secret (shown once; add it to DISPATCHER_WEBHOOK_SECRETS, new first):")
     click.echo(webhook.secret.get_secret_value())
+
+
+def _registered(client: WorkspaceClient, url: str) -> bool:
+    """Whether the workspace lists a webhook for ``url``; False when the list cannot be read."""
+    try:
+        return any(hook.url == url for hook in client.list_webhooks())
+    except ApiError:
+        return False

@@ -30,7 +30,7 @@ import httpx
 from sqlalchemy import select
 
 from dispatcher import store
-from dispatcher.api import WorkspaceClient
+from dispatcher.api import Rejected, WorkspaceClient
 from dispatcher.db import session_factory, shared_engine
 from dispatcher.demo.children import Children, children, free_port, port_is_free, wait_for_http
 from dispatcher.demo.memory import DemoMemory
@@ -64,7 +64,7 @@ def run_demo(out: IO[str], workdir: Path | None = None) -> int:
         raise ConfigurationError("DISPATCHER_CONFIG", f"the demo needs {EXAMPLE_CONFIG} (run it from a checkout)")
     started = time.monotonic()
     workdir = (workdir or DEMO_DIR).resolve()
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    (workdir / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)  # the banner in the logs names tokens
     memory = DemoMemory.load(workdir)
     memory.runs += 1
     memory.save()
@@ -127,7 +127,6 @@ def load_settings_from_file() -> Settings:
 
 def _start(group: Children, workdir: Path, env: dict[str, str], out: IO[str], memory: DemoMemory) -> Settings:
     sandbox_port = free_port()
-    receiver_port = free_port_for(memory.receiver_port)
     (workdir / "sandbox.toml").write_text(SANDBOX_CONFIG)
     env["DISPATCHER_API_URL"] = f"http://127.0.0.1:{sandbox_port}"
     out.write(f"starting the sandbox on 127.0.0.1:{sandbox_port} (its data: {workdir / 'sandbox-state.jsonl'})\n")
@@ -136,7 +135,8 @@ def _start(group: Children, workdir: Path, env: dict[str, str], out: IO[str], me
     upgrade_database(env["DISPATCHER_DATABASE_URL"])
     wait_for_http(f"{env['DISPATCHER_API_URL']}/_sandbox/health", group)
     settings = _settings(env)
-    env["DISPATCHER_WEBHOOK_SECRETS"] = _webhook_secret(settings, receiver_port, memory, out)  # never printed
+    receiver_port, secret = _webhook(settings, memory, out)
+    env["DISPATCHER_WEBHOOK_SECRETS"] = secret  # to the receiver only, never printed
     out.write("starting the receiver, a worker, the consumer and beat\n")
     group.start("receiver", "dispatcher", "receiver", "--host", "127.0.0.1", "--port", str(receiver_port))
     celery = ("celery", "-A", "workers.app")
@@ -149,30 +149,34 @@ def _start(group: Children, workdir: Path, env: dict[str, str], out: IO[str], me
     return settings
 
 
-def free_port_for(remembered: int | None) -> int:
-    """The remembered port when it is free again, else a new one."""
-    if remembered is not None and port_is_free(remembered):
-        return remembered
-    return free_port()
+def _webhook(settings: Settings, memory: DemoMemory, out: IO[str]) -> tuple[int, str]:
+    """The receiver's port and its webhook's secret: registered once, reused by later runs.
 
-
-def _webhook_secret(settings: Settings, receiver_port: int, memory: DemoMemory, out: IO[str]) -> str:
-    """Register the receiver's URL once; a later run on the same port reuses it and its secret.
-
-    A workspace keeps one webhook per URL and shows its secret only when it is made, so the demo
-    keeps the secret in its memory file, as an operator keeps it in a secret store."""
-    url = f"http://127.0.0.1:{receiver_port}{settings.webhook_path}"
+    A workspace shows a webhook's secret only when it makes it, and a stock one keeps one webhook
+    per URL, so the demo keeps the port and the secret in its memory file, as an operator keeps a
+    secret in a secret store. When the remembered port is taken (or the memory is gone while the
+    workspace still has the URL), it registers a new port.
+    """
+    remembered = memory.receiver_port
     with WorkspaceClient.from_settings(settings) as client:
-        registered = {hook.url for hook in client.list_webhooks()}
-        if url in registered and memory.receiver_port == receiver_port and memory.webhook_secret:
-            out.write("the receiver's webhook is registered from an earlier run\n")
-            return memory.webhook_secret
-        webhook = client.create_webhook(url=url, subscriptions=["message_created", "message_updated"], name="demo")
-    assert webhook.secret is not None, "createWebhook returned no secret"
-    memory.receiver_port, memory.webhook_secret = receiver_port, webhook.secret.get_secret_value()
-    memory.save()
-    out.write("registered the receiver's webhook\n")
-    return memory.webhook_secret
+        if remembered is not None and memory.webhook_secret and port_is_free(remembered):
+            url = f"http://127.0.0.1:{remembered}{settings.webhook_path}"
+            if url in {hook.url for hook in client.list_webhooks()}:
+                out.write("the receiver's webhook is registered from an earlier run\n")
+                return remembered, memory.webhook_secret
+        for _ in range(3):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}{settings.webhook_path}"
+            try:
+                webhook = client.create_webhook(url=url, subscriptions=["message_created", "message_updated"], name="demo")
+            except Rejected:
+                continue  # the workspace has this URL from a run whose secret is lost: another port
+            assert webhook.secret is not None, "createWebhook returned no secret"
+            memory.receiver_port, memory.webhook_secret = port, webhook.secret.get_secret_value()
+            memory.save()
+            out.write("registered the receiver's webhook\n")
+            return port, memory.webhook_secret
+    raise RuntimeError("the workspace refused three webhook URLs in a row")
 
 
 def _settings(env: dict[str, str]) -> Settings:

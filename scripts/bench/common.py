@@ -41,7 +41,7 @@ UNCAPPED = {
 # The sandbox runs its default profile, stock (no status in events, X-Chatwoot-* headers, webhooks
 # never retried), with ONE departure, for the reason above: a stock workspace allows 100 contact
 # searches a minute per account, which would cap every run that makes new contacts at 100 a
-# minute. Each report that uses it says so.
+# minute. docs/benchmarks.md says so (scripts/bench/report.py writes it).
 BENCH_SANDBOX = "[behaviour]\ncontact_search_per_minute = 0  # lifted: see scripts/bench/common.py\n"
 
 # A phone prefix no sandbox recipient rule touches (+1555010 fails, +1555020 never confirms).

@@ -126,6 +126,10 @@ def render_markdown(results: dict[str, Any], plot_name: str) -> str:
         " raised (`DISPATCHER_API_REQUESTS_PER_MINUTE`, `DISPATCHER_CONTACT_SEARCHES_PER_MINUTE` = 1,000,000): at the"
         " configured 2,400 calls a minute the limiter, not the dispatcher, would set every rate to 40 a second."
         " The limiter still runs on every call. The warm-path figure (1) keeps the example limits, as before.",
+        "- The sandbox runs its default profile, stock (events without status, `X-Chatwoot-*` headers, webhooks never"
+        " retried), with one setting lifted for the same reason (`scripts/bench/common.py` `BENCH_SANDBOX`): its"
+        " 100 contact searches a minute per account, which would cap every run that makes new contacts."
+        " Results measured before 2026-11-25 ran on the sandbox's earlier, kinder shapes.",
         "",
         "| # | figure | ours | baseline | ratio | target | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- |",

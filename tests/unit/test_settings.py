@@ -52,6 +52,7 @@ def test_defaults_need_no_server(env: pytest.MonkeyPatch) -> None:
     assert settings.broker_url == "filesystem://var/broker"
     assert settings.webhook_header_prefix == "auto"
     assert settings.webhook_header_prefixes == ("Chatwoot", "Service")  # a stock workspace, or the contract
+    assert load_settings(**REQUIRED, webhook_header_prefix="AUTO").webhook_header_prefixes == ("Chatwoot", "Service")
     assert settings.webhook_replay_window_s == 300
 
 

@@ -7,14 +7,18 @@ run the contract profile, whose nominal shapes a client must tolerate too.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 from sandbox_helpers import Api
 
 from tests.support.fixtures import EXAMPLES
-from tests.support.sandbox_process import OTHER_TOKEN, SandboxProcess, running_sandbox
+from tests.support.sandbox_process import OTHER_TOKEN, REPO_ROOT, SandboxProcess, running_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -122,12 +126,14 @@ def test_email_is_stored_and_matched_lowercased(api: Api) -> None:
 
 
 def test_a_body_without_a_json_content_type_is_not_read(api: Api) -> None:
-    # given a valid createContact body sent as text/plain
+    # given a valid createContact body sent as something other than application/json (or as nothing)
     raw = json.dumps({"inbox_id": 5, "identifier": "plain-text"}).encode()
-    response = api.post("/contacts", content=raw, headers={"Content-Type": "text/plain"})
-    # then its fields are not read: inbox_id is missing, and nothing was created
-    assert response.status_code == 422
-    assert {d["field"] for d in response.json()["details"]} == {"inbox_id"}
+    for media_type in ("text/plain", "application/x-www-form-urlencoded", "application/vnd.api+json", None):
+        headers = {"Content-Type": media_type} if media_type else {}
+        response = api.post("/contacts", content=raw, headers=headers)
+        # then its fields are not read: inbox_id is missing, and nothing was created
+        assert response.status_code == 422, media_type
+        assert {d["field"] for d in response.json()["details"]} == {"inbox_id"}
     assert api.get("/contacts/search", params={"q": "plain-text"}).json()["payload"] == []
     # and the same bytes as application/json (with a charset) create the contact
     typed = api.post("/contacts", content=raw, headers={"Content-Type": "application/json; charset=utf-8"})
@@ -428,3 +434,21 @@ def test_contact_search_limit_per_account() -> None:
         statuses = [api.get("/contacts/search", params={"q": "a"}).status_code for _ in range(4)]
         api.close()
     assert statuses == [200, 200, 200, 429]
+
+
+def test_the_profile_comes_from_the_file_and_the_command_line_wins() -> None:
+    other = {"api_access_token": OTHER_TOKEN}
+    with running_sandbox('profile = "contract"\n') as from_file:
+        assert httpx.get(f"{from_file.api_url}/inboxes", headers=other, trust_env=False).status_code == 403
+    with running_sandbox('profile = "contract"\n', profile="stock") as overridden:
+        assert httpx.get(f"{overridden.api_url}/inboxes", headers=other, trust_env=False).status_code == 401
+
+
+def test_an_unknown_profile_stops_the_sandbox_with_exit_2_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('profile = "chatwoot"\n')
+    result = subprocess.run([sys.executable, "-m", "sandbox", "--config", str(config), "--in-memory"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 2
+    assert result.stderr.startswith("sandbox: cannot load config:") and "profile" in result.stderr

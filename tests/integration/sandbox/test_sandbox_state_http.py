@@ -6,11 +6,13 @@ restarts it between two demo runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -68,26 +70,51 @@ def test_a_message_under_way_carries_on_after_a_restart(tmp_path: Path) -> None:
         assert row["status"] == "read"
 
 
-def test_a_killed_sandbox_keeps_what_it_answered(tmp_path: Path) -> None:
-    state = tmp_path / "state.jsonl"
+@contextlib.contextmanager
+def killed_at_the_end(tmp_path: Path, state: Path, config_text: str = "") -> Iterator[httpx.Client]:
+    """A sandbox process on ``state``, ended by SIGKILL (no clean stop, no compaction) after the block."""
     port = free_port()
+    config = tmp_path / "killed.toml"
+    config.write_text(config_text)
     process = subprocess.Popen(
-        [sys.executable, "-m", "sandbox", "--port", str(port), "--state", str(state)],
+        [sys.executable, "-m", "sandbox", "--port", str(port), "--state", str(state), "--config", str(config)],
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     try:
-        url = f"http://127.0.0.1:{port}/api/v1/accounts/1"
-        headers = {"api_access_token": "sandbox-token-account-1"}
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/_sandbox/health"), timeout_s=10)
-        created = httpx.post(f"{url}/contacts", headers=headers, json={"inbox_id": 5, "identifier": "kill-9"}, trust_env=False)
-        assert created.status_code == 200
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1/accounts/1", trust_env=False,
+                          headers={"api_access_token": "sandbox-token-account-1"}) as client:
+            yield client
     finally:
-        process.send_signal(signal.SIGKILL)  # no clean stop: no compaction
+        process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
+
+
+def test_a_killed_sandbox_keeps_what_it_answered(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    with killed_at_the_end(tmp_path, state) as api:
+        assert api.post("/contacts", json={"inbox_id": 5, "identifier": "kill-9"}).status_code == 200
     with running_sandbox(state_file=state) as after, Api(after) as api:
         found = api.get("/contacts/search", params={"q": "kill-9"}).json()["payload"]
         assert [c["identifier"] for c in found] == ["kill-9"]
+
+
+def test_a_sandbox_killed_right_after_a_send_still_plays_out_the_message_s_fate(tmp_path: Path) -> None:
+    # given a send that the platform will fail (an unknown template), and a sandbox killed before it does
+    state = tmp_path / "state.jsonl"
+    with killed_at_the_end(tmp_path, state, "[behaviour]\nfailed_after_s = 60\nprovider_id_after_s = 60\n") as api:
+        created = api.post("/contacts", json={"inbox_id": 1, "phone_number": "+15558100009"}).json()["payload"]
+        conversation = api.post("/conversations", json={"source_id": created["contact_inbox"]["source_id"],
+                                                         "inbox_id": 1, "contact_id": created["contact"]["id"]}).json()
+        body = {"content": "x", "template_params": {"name": "never_approved", "language": "en", "category": "UTILITY",
+                                                    "processed_params": {"body": {"1": "x"}}}}
+        message = api.post(f"/conversations/{conversation['id']}/messages", json=body).json()
+        assert message["status"] == "sent"
+    # when a sandbox starts again on the file, then the failure comes, as it would have
+    with running_sandbox(FAST_CONFIG, state_file=state) as after:
+        row = wait_for(lambda: next((m for m in after.messages() if m["id"] == message["id"] and m["status"] == "failed"), None))
+        assert row["external_error"].startswith("132001")
 
 
 def test_fresh_and_in_memory_start_empty(tmp_path: Path) -> None:
@@ -187,3 +214,29 @@ def test_the_regress_rule_announces_each_status_contract(receiver: WebhookReceiv
                                     if r.json["id"] == message["id"]] if len(receiver.events()) >= 4 else None)
         api.close()
     assert updates == ["sent", "delivered", "sent", "read"]  # provider id, delivered, the late sent, read
+
+
+def test_fresh_keeps_counting_starts_so_secrets_are_not_repeated(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    secrets = []
+    for extra in ([], ["--fresh"]):
+        with running_sandbox(state_file=state, extra_args=extra) as sb, Api(sb) as api:
+            secrets.append(api.webhook("http://127.0.0.1:9/same-url", ["message_created"])["secret"])
+    assert secrets[0] != secrets[1]
+
+
+def test_a_state_file_from_another_seed_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    with running_sandbox(state_file=state) as sb, Api(sb) as api:
+        api.conversation(5, identifier="on-inbox-5")
+    seed = tmp_path / "other-seed.toml"
+    seed.write_text('accounts = [{id = 1, name = "A"}]\ntokens = [{token = "t", accounts = [1]}]\n'
+                    'inboxes = [{id = 1, account_id = 1, name = "Only", channel_type = "Channel::Api"}]\n')
+    refused = subprocess.run(
+        [sys.executable, "-m", "sandbox", "--port", str(free_port()), "--config", str(seed), "--state", str(state)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("which the seed lacks; start with --fresh or another --state")
+    assert "Traceback" not in refused.stderr

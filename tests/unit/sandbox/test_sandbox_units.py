@@ -204,3 +204,36 @@ def test_default_seed_ships_as_package_data() -> None:
     from importlib import resources
 
     assert "Demo Clinic" in resources.files("sandbox").joinpath("seed.default.toml").read_text()
+
+
+# -- profiles ------------------------------------------------------------------------------------
+def test_the_default_profile_is_stock_with_its_settings() -> None:
+    cfg = config.load_config()
+    assert cfg.profile == "stock"
+    assert (cfg.webhooks.header_prefix, cfg.webhooks.include_status, cfg.webhooks.max_retries) == ("Chatwoot", False, 0)
+    assert cfg.behaviour.contact_search_per_minute == 100
+
+
+def test_a_file_chooses_the_profile_and_the_command_line_wins() -> None:
+    contract = config.parse_config_text('profile = "contract"\n')
+    assert (contract.profile, contract.webhooks.header_prefix, contract.webhooks.max_retries) == ("contract", "Service", 2)
+    assert contract.behaviour.contact_search_per_minute == 0
+    assert config.parse_config_text('profile = "contract"\n', profile="stock").webhooks.header_prefix == "Chatwoot"
+    assert config.parse_config_text("", profile="contract").webhooks.include_status is True
+
+
+def test_a_file_overrides_one_profile_setting_and_keeps_the_others() -> None:
+    cfg = config.parse_config_text('profile = "contract"\n[webhooks]\nmax_retries = 0\n')
+    assert (cfg.webhooks.max_retries, cfg.webhooks.header_prefix, cfg.webhooks.include_status) == (0, "Service", True)
+
+
+def test_a_config_built_in_code_gets_its_profile_s_settings_too() -> None:
+    raw = {"profile": "contract", "accounts": [{"id": 1, "name": "A"}], "tokens": [], "inboxes": []}
+    cfg = config.SandboxConfig.model_validate(raw)
+    assert (cfg.webhooks.header_prefix, cfg.webhooks.max_retries, cfg.behaviour.contact_search_per_minute) == ("Service", 2, 0)
+
+
+@pytest.mark.parametrize("name", ["", "Stock", "chatwoot"])
+def test_an_unknown_profile_is_refused_naming_the_key(name: str) -> None:
+    with pytest.raises(ValueError, match="profile"):
+        config.parse_config_text(f'profile = "{name}"\n')
