@@ -17,11 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher import store
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import NotificationState
 from dispatcher.models import Notification, utcnow
 from dispatcher.record import NotificationRecord
 from dispatcher.request import NotificationRequest
 from dispatcher.settings import ChannelKind, Route, Settings
-from dispatcher.states import NotificationState
 
 
 def check_request(request: NotificationRequest, settings: Settings, *, now: datetime) -> str | None:
@@ -109,13 +110,12 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         return existing, False
     fallback_route = check_request(request, settings, now=now)
     _check_volume(session, request, settings, now=now)
-    notification = Notification(
+    notification = moves.new_notification(
+        send_at=request.send_at,
         event_id=request.event_id,
         fingerprint=request.fingerprint(),
         route=request.route,
         fallback_route=fallback_route,
-        state=NotificationState.SCHEDULED if request.send_at is not None else NotificationState.QUEUED,
-        send_at=request.send_at,
         channel=settings.routes[request.route].channel.value,
         created_at=now,
         updated_at=now,

@@ -15,7 +15,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery
-from dispatcher.states import ACCEPTED_ATTEMPT_STATES
+from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES
 
 BATCH = 1000  # rows a statement; short transactions, so senders are never held up for long
 

@@ -25,6 +25,7 @@ from dispatcher import metrics, store, tracking
 from dispatcher.api import ApiError, Message
 from dispatcher.context import SendContext
 from dispatcher.errors import InvalidEvent
+from dispatcher.lifecycle import moves
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.retry import Decision, DecisionKind, decide
@@ -39,17 +40,14 @@ from dispatcher.resolve import (
     resolve_source_id,
 )
 from dispatcher.settings import Route
-from dispatcher.states import (
-    AttemptState,
-    NotificationState,
+from dispatcher.lifecycle.states import (
     SENDABLE_ATTEMPT_STATES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptState,
     attempt_state_from_status,
-    notification_state_for,
 )
 
 log = logging.getLogger(__name__)
-
-SENDABLE_NOTIFICATION_STATES = (NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK)
 
 
 class Outcome(StrEnum):
@@ -202,28 +200,17 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
 def _mark_in_flight(
     session: Session, job: _Job, ctx: SendContext, target: _Target, body: dict[str, Any], *, now: datetime
 ) -> bool:
-    taken = store.start_send(
+    return moves.claim(
         session,
-        job.attempt_id,
+        notification_id=job.notification_id,
+        attempt_id=job.attempt_id,
+        fallback=job.attempt_number == 2,
+        target=moves.Target(inbox_id=target.inbox_id, contact_id=target.contact_id,
+                            conversation_id=target.conversation_id, channel=job.route.channel.value,
+                            content_hash=store.content_hash(body["content"])),
         now=now,
         lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
-        values={
-            "inbox_id": target.inbox_id,
-            "contact_id": target.contact_id,
-            "conversation_id": target.conversation_id,
-            "content_hash": store.content_hash(body["content"]),
-        },
     )
-    if taken:
-        store.set_notification_state(
-            session,
-            job.notification_id,
-            expected=SENDABLE_NOTIFICATION_STATES,
-            values={"state": _sending_state(job), "inbox_id": target.inbox_id, "channel": job.route.channel.value,
-                    "conversation_id": target.conversation_id, "updated_at": now, "enqueued_at": now,
-                    "next_try_at": None},
-        )
-    return taken
 
 
 def _current_route(fallback_decision: str | None, route: str, fallback_route: str | None) -> tuple[int, str]:
@@ -272,15 +259,11 @@ def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dic
     try:
         message = call_api(ctx, lambda: ctx.api.create_message(conversation_id, **body), *buckets)
     except Wait:
-        _set_attempt(job, ctx, expected=(AttemptState.IN_FLIGHT,), values={"state": AttemptState.QUEUED, "lease_until": None})
+        _release(job, ctx)
         raise
     except ApiError as error:
         return _after_failed_create(error, job, ctx)
     return _record_acceptance(job, ctx, message, Outcome.ACCEPTED)
-
-
-def _sending_state(job: _Job) -> NotificationState:
-    return NotificationState.FALLING_BACK if job.attempt_number == 2 else NotificationState.SENDING
 
 
 def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str, Any]:
@@ -318,14 +301,14 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
     decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
     if error.ambiguous:
         # It may exist: the next run looks before it sends (state unknown skips the lease wait).
-        values: dict[str, Any] = {"state": AttemptState.UNKNOWN, "lease_until": None}
-        if not decision.resend_allowed or decision.kind is DecisionKind.GIVE_UP:
-            values["error_kind"] = decision.error_kind  # remembered: the next run looks, never resends
-        _set_attempt(job, ctx, expected=(AttemptState.IN_FLIGHT,), values=values)
+        no_resend = not decision.resend_allowed or decision.kind is DecisionKind.GIVE_UP
+        with ctx.sessions.begin() as session:
+            moves.mark_unknown(session, attempt_id=job.attempt_id, now=ctx.clock(),
+                               no_resend_reason=decision.error_kind if no_resend else None)
         if decision.kind is DecisionKind.GIVE_UP:
             decision = Decision(DecisionKind.CHECK_THEN_RETRY, 1.0, decision.reason, decision.error_kind, resend_allowed=False)
     elif decision.kind is not DecisionKind.GIVE_UP:
-        _set_attempt(job, ctx, expected=(AttemptState.IN_FLIGHT,), values={"state": AttemptState.QUEUED, "lease_until": None})
+        _release(job, ctx)
     return _apply(decision, job, ctx)
 
 
@@ -337,9 +320,9 @@ def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
     return SendResult(Outcome.RETRY, decision.reason, delay_s=decision.delay_s, deferred=decision.deferred)
 
 
-def _set_attempt(job: _Job, ctx: SendContext, *, expected: tuple[AttemptState, ...], values: dict[str, Any]) -> bool:
+def _release(job: _Job, ctx: SendContext) -> bool:
     with ctx.sessions.begin() as session:
-        return store.update_attempt(session, job.attempt_id, expected=expected, values=values)
+        return moves.release(session, attempt_id=job.attempt_id, now=ctx.clock())
 
 
 def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: Outcome) -> SendResult:
@@ -351,24 +334,10 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
     state = AttemptState.SENT if reported is AttemptState.FAILED else reported
     with ctx.sessions.begin() as session:
         store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
-        attempt = store.accept_attempt(
-            session,
-            job.attempt_id,
-            expected=(AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN),
-            values={"state": state, "message_id": message.id, "accepted_at": now, "status_at": now, "updated_at": now,
-                    "content_hash": None, "lease_until": None, "error_kind": None, "error_detail": None},
-        )
-        if attempt is None:
+        accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                                message_id=message.id, state=state, now=now)
+        if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
-        store.set_notification_state(
-            session,
-            job.notification_id,
-            expected=SENDABLE_NOTIFICATION_STATES,
-            values={"state": notification_state_for(state), "message_id": message.id,
-                    "conversation_id": attempt.conversation_id, "inbox_id": attempt.inbox_id,
-                    "channel": attempt.channel, "accepted_at": now, "delivery_state": state.value,
-                    "error_kind": None, "error_detail": None, "updated_at": now},
-        )
         if job.drops_payload_on_acceptance:
             store.drop_payload(session, job.notification_id)
     if reported is AttemptState.FAILED:
@@ -381,26 +350,13 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
 def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResult:
     """End the attempt as failed with the error recorded; the first attempt's failure then gets
     the single fallback decision, the fallback's ends the notification."""
-    now = ctx.clock()
     with ctx.sessions.begin() as session:
-        moved = store.update_attempt(
-            session,
-            job.attempt_id,
-            expected=tuple(SENDABLE_ATTEMPT_STATES),
-            values={"state": AttemptState.FAILED, "error_kind": error_kind, "error_detail": detail[:200],
-                    "lease_until": None, "status_at": now, "updated_at": now},
-        )
-        if moved:
-            store.set_notification_state(
-                session,
-                job.notification_id,
-                expected=SENDABLE_NOTIFICATION_STATES,
-                values={"error_kind": error_kind, "error_detail": detail[:200], "updated_at": now},
-            )
+        moved = moves.fail_attempt(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                                   error_kind=error_kind, detail=detail, now=ctx.clock())
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
     if moved:
         if job.attempt_number == 1:
-            tracking.decide_after_send_failure(job.notification_id, error_kind, ctx, ctx.enqueuer)
+            tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
         else:
-            tracking.end_after_fallback_failed(job.notification_id, None, ctx)
+            tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
     return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

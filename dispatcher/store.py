@@ -1,8 +1,8 @@
 """Every query the paths need, one named function each.
 
-Status writes are compare-and-set: an ``UPDATE ... WHERE state IN (expected)`` that reports
-whether it won. A worker that loses such a race learns that someone else moved the row and
-stops; nothing is written twice. Callers own the transaction (``with sessions.begin()``).
+Reads, and the writes that move no state (caches, times, payloads). Every state change is one of
+the lifecycle's named moves (:mod:`dispatcher.lifecycle.moves`), compare-and-set each. Callers
+own the transaction (``with sessions.begin()``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from dispatcher.lifecycle import moves
 from dispatcher.models import (
     AppliedStatus,
     Attempt,
@@ -28,7 +29,7 @@ from dispatcher.models import (
     WebhookDelivery,
     utcnow,
 )
-from dispatcher.states import AttemptState, NotificationState
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptState, NotificationState
 
 SERVICE_WINDOW = timedelta(hours=24)
 
@@ -134,13 +135,12 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
     since (their task was lost). Sending the same ID twice is harmless: the send path is
     idempotent and guarded by compare-and-set.
     """
-    sendable = (NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK)
     query = (
         select(Notification.id)
         .where(
             or_(
                 (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
-                (Notification.state.in_(sendable))
+                (Notification.state.in_(SENDABLE_NOTIFICATION_STATES))
                 & or_(
                     Notification.enqueued_at.is_(None),
                     (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
@@ -154,16 +154,6 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
     return list(session.scalars(query))
 
 
-def release_scheduled(session: Session, notification_ids: Sequence[int], *, now: datetime) -> None:
-    """Scheduled rows that are due become queued (compare-and-set on the state)."""
-    if notification_ids:
-        session.execute(
-            update(Notification)
-            .where(Notification.id.in_(notification_ids), Notification.state == NotificationState.SCHEDULED)
-            .values(state=NotificationState.QUEUED, updated_at=now)
-        )
-
-
 def defer(session: Session, notification_id: int, *, at: datetime) -> None:
     """A long wait: the sweep hands the row to the queue again at ``at`` (no broker countdown)."""
     session.execute(update(Notification).where(Notification.id == notification_id).values(next_try_at=at))
@@ -174,17 +164,6 @@ def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> N
     session.execute(
         update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(next_try_at=None, enqueued_at=now)
     )
-
-
-def set_notification_state(
-    session: Session, notification_id: int, *, expected: Iterable[str], values: dict[str, Any]
-) -> bool:
-    result = session.execute(
-        update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(list(expected)))
-        .values(**values)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def load_payload(session: Session, notification_id: int) -> dict[str, Any] | None:
@@ -221,74 +200,9 @@ def load_for_send(session: Session, notification_id: int) -> Row[Any] | None:
 def open_attempt(
     session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime
 ) -> Row[Any]:
-    """Create the attempt or, when it exists, count one more try: one statement either way.
-
-    The try is counted before the run does anything (arq's rule), so a crash loop ends.
-    """
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = (
-        insert(ATTEMPTS)
-        .values(notification_id=notification_id, number=number, route=route, channel=channel,
-                state=AttemptState.QUEUED, tries=1, created_at=now, updated_at=now)
-        .on_conflict_do_update(
-            index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number],
-            set_={"tries": ATTEMPTS.c.tries + 1, "updated_at": now},
-        )
-        .returning(*_ATTEMPT_COLUMNS)
-    )
-    return session.execute(statement).one()
-
-
-def ensure_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str) -> Attempt:
-    """The attempt with that number as an ORM object, created on first use (for tools and tests)."""
-    _insert_ignoring_conflict(
-        session,
-        Attempt,
-        {"notification_id": notification_id, "number": number, "route": route, "channel": channel,
-         "state": AttemptState.QUEUED, "tries": 0},
-    )
-    return session.scalars(
-        select(Attempt)
-        .where(Attempt.notification_id == notification_id, Attempt.number == number)
-        .execution_options(populate_existing=True)
-    ).one()
-
-
-def update_attempt(session: Session, attempt_id: int, *, expected: Iterable[str], values: dict[str, Any]) -> bool:
-    """Compare-and-set on the attempt's state; True when this caller moved it."""
-    result = session.execute(
-        update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(list(expected))).values(**values)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined]
-
-
-def accept_attempt(
-    session: Session, attempt_id: int, *, expected: Iterable[str], values: dict[str, Any]
-) -> Row[Any] | None:
-    """Compare-and-set to an accepted state; the attempt's inbox, channel and conversation, or None."""
-    return session.execute(
-        update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(list(expected)))
-        .values(**values)
-        .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
-    ).one_or_none()
-
-
-def start_send(session: Session, attempt_id: int, *, now: datetime, lease_until: datetime, values: dict[str, Any]) -> bool:
-    """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease."""
-    result = session.execute(
-        update(ATTEMPTS)
-        .where(
-            ATTEMPTS.c.id == attempt_id,
-            or_(
-                ATTEMPTS.c.state.in_([AttemptState.QUEUED, AttemptState.UNKNOWN]),
-                (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
-            ),
-        )
-        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, in_flight_since=now, updated_at=now, **values)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    """The attempt's row for this run (the lifecycle's ``open_attempt`` move), with what the send reads."""
+    return moves.open_attempt(session, notification_id=notification_id, number=number, route=route, channel=channel,
+                              now=now, columns=_ATTEMPT_COLUMNS)
 
 
 def message_adopted_elsewhere(session: Session, message_id: int) -> bool:
@@ -469,16 +383,6 @@ def open_service_window(session: Session, *, account_id: int, contact_id: int, i
             else {"last_incoming_at": func.greatest(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)},
         )
     )
-
-
-def decide_fallback_once(session: Session, notification_id: int, *, values: dict[str, Any]) -> bool:
-    """The compare-and-set behind the single fallback decision: only a row with none takes one."""
-    result = session.execute(
-        update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None))
-        .values(**values)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def mark_checked(session: Session, attempt_id: int, *, now: datetime) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher import store
 from dispatcher.enqueue import Enqueuer
+from dispatcher.lifecycle import moves
 from dispatcher.models import utcnow
 
 BATCH = 500
@@ -25,7 +26,7 @@ def sweep(
     now = clock()
     with sessions.begin() as session:
         ids = store.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH)
-        store.release_scheduled(session, ids, now=now)
+        moves.release_due(session, ids, now=now)
     if not ids:
         return 0
     published = enqueuer.enqueue_send(ids)

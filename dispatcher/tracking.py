@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 
@@ -21,16 +20,11 @@ from dispatcher import metrics, store
 from dispatcher.api import ApiError
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
+from dispatcher.lifecycle import moves
 from dispatcher.models import Attempt, Notification, utcnow
 from dispatcher.policy.fallback import FallbackRules, classify_failure
+from dispatcher.lifecycle.states import AttemptState, advance, attempt_state_from_status
 from dispatcher.resolve import call_api
-from dispatcher.states import (
-    AttemptState,
-    NotificationState,
-    advance,
-    attempt_state_from_status,
-    notification_state_for,
-)
 from dispatcher.webhooks.events import EventSummary
 
 log = logging.getLogger(__name__)
@@ -38,9 +32,6 @@ log = logging.getLogger(__name__)
 # A send that failed before any message existed falls back, except where another route would
 # fail the same way or a person must act first.
 _SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "payload_missing", "internal"})
-_OPEN_NOTIFICATION_STATES = tuple(
-    state for state in NotificationState if state not in (NotificationState.FAILED, NotificationState.SCHEDULED)
-)
 
 
 @dataclass(frozen=True)
@@ -127,26 +118,20 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str
         new = advance(current, reported)
         if new == current:
             return "stale"
-        values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now}
-        if new is AttemptState.FAILED:
-            values.update(error_kind="external_error", error_detail=(outcome.external_error or "")[:200] or None)
-        if not store.update_attempt(session, attempt.id, expected=(current,), values=values):
+        if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
+                                    attempt_number=attempt.number, current=current, new=new,
+                                    external_error=outcome.external_error, now=now):
             return "stale"  # a concurrent outcome moved it first; its own run carries on from there
         notification = session.get(Notification, attempt.notification_id)
         assert notification is not None
         current_attempt = 2 if notification.fallback_decision == "fallback" else 1
-        if attempt.number == current_attempt and new is not AttemptState.FAILED:
-            store.set_notification_state(
-                session, notification.id, expected=_OPEN_NOTIFICATION_STATES,
-                values={"state": notification_state_for(new), "delivery_state": new.value, "updated_at": now},
-            )
         if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == current_attempt:
             store.drop_payload(session, notification.id)  # delivered: no fallback can be needed any more
         attempt_number, notification_id = attempt.number, notification.id
     if new is not AttemptState.FAILED:
         return f"applied_{new.value}"
     if attempt_number == 2:
-        return end_after_fallback_failed(notification_id, outcome.external_error, ctx)
+        return end_after_fallback_failed(notification_id, "external_error", outcome.external_error, ctx)
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer)
 
 
@@ -156,7 +141,8 @@ def decide_after_external_failure(
     """The first attempt's message failed: classify its error code and decide once."""
     verdict = classify_failure(external_error, fallback_rules(ctx))
     reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
-    return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx, enqueuer=enqueuer)
+    return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
+                           enqueuer=enqueuer, error_kind="external_error", error_detail=external_error)
 
 
 def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_before: datetime, limit: int) -> int:
@@ -169,29 +155,34 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
         undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
     for notification_id, number, error_kind, error_detail in undecided:
         if number == 2:
-            end_after_fallback_failed(notification_id, error_detail, ctx)
+            end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
         elif error_kind == "external_error":
             decide_after_external_failure(notification_id, error_detail, ctx, enqueuer)
         else:
-            decide_after_send_failure(notification_id, error_kind or "internal", ctx, enqueuer)
+            decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
     return len(undecided)
 
 
-def decide_after_send_failure(notification_id: int, error_kind: str, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+def decide_after_send_failure(
+    notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext, enqueuer: Enqueuer | None
+) -> str:
     """The first attempt failed before any message existed: decide once, like any failure."""
     fall_back = error_kind not in _SEND_FAILURES_WITHOUT_FALLBACK
     return decide_fallback(
-        notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer
+        notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer,
+        error_kind=error_kind, error_detail=error_detail,
     )
 
 
 def decide_fallback(
-    notification_id: int, *, fall_back: bool, reason: str, failed: bool, ctx: SendContext, enqueuer: Enqueuer | None
+    notification_id: int, *, fall_back: bool, reason: str, failed: bool, ctx: SendContext, enqueuer: Enqueuer | None,
+    error_kind: str | None = None, error_detail: str | None = None,
 ) -> str:
     """The single fallback decision: one compare-and-set; only its winner acts on it.
 
-    ``failed``: the first attempt ended as failed (the notification fails unless it falls back);
-    otherwise it is a deadline decision on an attempt that is still only sent.
+    ``failed``: the first attempt ended as failed (the notification fails, with ``error_kind`` and
+    ``error_detail``, unless it falls back); otherwise it is a deadline decision on an attempt that
+    is still only sent.
     """
     now = ctx.clock()
     with ctx.sessions.begin() as session:
@@ -203,28 +194,18 @@ def decide_fallback(
         route = ctx.settings.routes.get(notification.fallback_route or "") if fall_back else None
         if fall_back and route is None:
             fall_back, reason = False, f"{reason}; fallback route {notification.fallback_route!r} not configured"
-        values: dict[str, Any] = {
-            "fallback_decision": "fallback" if fall_back else "none",
-            "fallback_reason": reason[:200],
-            "fallback_decided_at": now,
-            "updated_at": now,
-        }
-        if fall_back:
-            values.update(state=NotificationState.FALLING_BACK, enqueued_at=None)
-        elif failed:
-            values.update(state=NotificationState.FAILED, delivery_state=AttemptState.FAILED.value)
-        if not store.decide_fallback_once(session, notification_id, values=values):
+        decision = moves.FallbackDecision(
+            fall_back=fall_back, reason=reason, failed=failed, error_kind=error_kind, error_detail=error_detail,
+            fallback_route=notification.fallback_route if fall_back else None,
+            fallback_channel=route.channel.value if route is not None else None,
+        )
+        if not moves.decide_fallback(session, notification_id=notification_id, decision=decision, now=now):
             return "already_decided"
-        if fall_back:
-            assert route is not None and notification.fallback_route is not None
-            store.ensure_attempt(
-                session, notification_id=notification_id, number=2, route=notification.fallback_route,
-                channel=route.channel.value,
-            )
-        else:
+        if not fall_back:
             store.drop_payload(session, notification_id)
-    log.info("notification %s: fallback decision %s (%s)", notification_id, values["fallback_decision"], reason)
-    metrics.FALLBACK_DECISIONS.labels(decision=values["fallback_decision"]).inc()
+    verdict = "fallback" if fall_back else "none"
+    log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, reason)
+    metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
     if fall_back and enqueuer is not None:
         published = enqueuer.enqueue_send([notification_id])
         with ctx.sessions.begin() as session:
@@ -232,16 +213,11 @@ def decide_fallback(
     return "fallback" if fall_back else "no_fallback"
 
 
-def end_after_fallback_failed(notification_id: int, external_error: str | None, ctx: SendContext) -> str:
-    """The fallback failed too: the notification fails; nothing more is sent."""
-    now = ctx.clock()
+def end_after_fallback_failed(notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext) -> str:
+    """The fallback failed too: the notification fails, with the fallback's reason; nothing more is sent."""
     with ctx.sessions.begin() as session:
-        store.set_notification_state(
-            session, notification_id, expected=_OPEN_NOTIFICATION_STATES,
-            values={"state": NotificationState.FAILED, "delivery_state": AttemptState.FAILED.value,
-                    "error_kind": "external_error", "error_detail": (external_error or "")[:200] or None,
-                    "updated_at": now},
-        )
+        moves.end_failed(session, notification_id=notification_id, error_kind=error_kind, detail=error_detail,
+                         now=ctx.clock())
         store.drop_payload(session, notification_id)
     return "fallback_failed"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.states import AttemptState as S
-from dispatcher.states import advance, attempt_state_from_status
+from dispatcher.lifecycle.states import AttemptState as S
+from dispatcher.lifecycle.states import advance, attempt_state_from_status
 
 
 @pytest.mark.parametrize(

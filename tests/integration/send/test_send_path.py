@@ -16,10 +16,11 @@ import pytest
 from dispatcher import intake, store
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
+from dispatcher.lifecycle import moves
 from dispatcher.models import Attempt
 from dispatcher.request import parse_request
 from dispatcher.send import Outcome, send_notification
-from dispatcher.states import AttemptState
+from dispatcher.lifecycle.states import AttemptState
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
@@ -137,8 +138,11 @@ def test_a_worker_killed_mid_call_leaves_an_expired_lease_that_is_recovered(
 def test_a_live_lease_makes_a_twin_wait(context: SendContext, sandbox: SandboxProcess) -> None:
     notification_id = _accept(context, reminder("evt-lease", identifier="pat-lease", phone="+15550300040"))
     with context.sessions.begin() as session:
-        attempt = store.ensure_attempt(session, notification_id=notification_id, number=1, route="reminders", channel="messaging_platform")
-        store.start_send(session, attempt.id, now=context.clock(), lease_until=context.clock().replace(year=2100), values={})
+        attempt = store.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
+                                     channel="messaging_platform", now=context.clock())
+        target = moves.Target(inbox_id=1, contact_id=1, conversation_id=1, channel="messaging_platform", content_hash="x")
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt.id, fallback=False, target=target,
+                           now=context.clock(), lease_until=context.clock().replace(year=2100))
     result = send_notification(notification_id, context)
     assert result.outcome is Outcome.RETRY
     assert "may still be running" in result.reason

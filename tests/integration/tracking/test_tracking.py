@@ -21,6 +21,8 @@ from dispatcher.enqueue import ListEnqueuer
 from dispatcher.reconcile import tracking_sweep
 from dispatcher.request import parse_request
 from dispatcher.send import Outcome
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import AttemptState
 from dispatcher.tracking import apply_event
 from dispatcher.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
@@ -274,9 +276,10 @@ def test_a_failure_left_undecided_by_a_killed_consumer_is_decided_by_the_sweep(
     notification_id = _send(context, reminder("trk-killed", identifier="trk-p10", phone="+15550107010"))
     with context.sessions.begin() as session:
         attempt = store.attempts_of(session, notification_id)[0]
-        store.update_attempt(session, attempt.id, expected=(attempt.state,), values={
-            "state": "failed", "error_kind": "external_error", "error_detail": "131026: Message undeliverable",
-            "updated_at": context.clock() - timedelta(minutes=5)})
+        assert moves.record_outcome(session, notification_id=notification_id, attempt_id=attempt.id, attempt_number=1,
+                                    current=AttemptState(attempt.state), new=AttemptState.FAILED,
+                                    external_error="131026: Message undeliverable",
+                                    now=context.clock() - timedelta(minutes=5))
     assert intake.status(context.sessions, "trk-killed").fallback_decision is None
     # When the tracking sweep runs
     report = tracking_sweep(context, enqueuer, enqueuer.enqueue_outcome)

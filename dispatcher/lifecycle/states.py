@@ -50,6 +50,12 @@ _RANK: dict[AttemptState, int] = {
 }
 
 SENDABLE_ATTEMPT_STATES = frozenset({AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN})
+# A send task may work on the notification (its current attempt has no message yet).
+SENDABLE_NOTIFICATION_STATES = frozenset(
+    {NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK}
+)
+# Not ended and not waiting for its time: outcomes and decisions may still move it.
+OPEN_NOTIFICATION_STATES = frozenset(NotificationState) - {NotificationState.FAILED, NotificationState.SCHEDULED}
 ACCEPTED_ATTEMPT_STATES = frozenset(
     {AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ}
 )

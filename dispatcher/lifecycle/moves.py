@@ -1,0 +1,316 @@
+"""The moves of :data:`dispatcher.lifecycle.table.MOVES`, each one compare-and-set.
+
+Every function here is the only code that may write a notification's or an attempt's ``state``
+(a test reads the whole package to prove it). Each one is ``UPDATE ... WHERE state IN (<the
+move's start states>)``, on the attempt and then, in the same transaction, on the notification,
+and answers whether it won: a caller that loses learns that another worker, the consumer or an
+operator moved the row first, and stops. Callers own the transaction (``with sessions.begin()``).
+
+Statements are Core, on the tables, so the send path pays no ORM bookkeeping (issue 14 measures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Row, Table, case, func, or_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from dispatcher.lifecycle.states import AttemptState, NotificationState, advance, notification_state_for
+from dispatcher.lifecycle.table import MOVES, NEW, Side
+from dispatcher.models import Attempt, Notification
+
+NOTIFICATIONS = cast(Table, Notification.__table__)  # declarative tables are Tables; the stubs say FromClause
+ATTEMPTS = cast(Table, Attempt.__table__)
+DETAIL_MAX_CHARS = 200  # the error_detail columns
+
+
+def _starts_for(move: str, side: str, end: str) -> list[str]:
+    """The states from which ``move`` may lead ``side`` to ``end``, by the table's edges: the
+    compare-and-set's ``WHERE state IN (...)``. Raises if the table has no such edge."""
+    chosen: Side | None = getattr(MOVES[move], side)
+    starts = sorted(start for start, stop in (chosen.edges if chosen else ()) if stop == end and start != NEW)
+    assert starts, f"{move} cannot lead the {side} to {end}"
+    return starts
+
+
+def _kept(move: str, side: str) -> list[str]:
+    """The states ``move`` keeps while it sets other fields (its edges from a state to itself)."""
+    chosen: Side | None = getattr(MOVES[move], side)
+    kept = sorted(start for start, stop in (chosen.edges if chosen else ()) if start == stop)
+    assert kept, f"{move} keeps no {side} state"
+    return kept
+
+
+def _ends_in(move: str, side: str, state: str) -> str:
+    chosen: Side | None = getattr(MOVES[move], side)
+    assert chosen is not None and state in chosen.end, f"{move} cannot lead the {side} to {state}"
+    return state
+
+
+def _won(result: Any) -> bool:
+    return bool(result.rowcount == 1)
+
+
+def _detail(text: str | None) -> str | None:
+    return (text or "")[:DETAIL_MAX_CHARS] or None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one createMessage call goes, recorded when the attempt is claimed."""
+
+    inbox_id: int
+    contact_id: int
+    conversation_id: int
+    channel: str
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What the accepted attempt was sent through (for the notification's record)."""
+
+    inbox_id: int | None
+    channel: str
+    conversation_id: int | None
+
+
+# --- creating rows ----------------------------------------------------------------------------
+
+
+def new_notification(*, send_at: datetime | None, **fields: Any) -> Notification:
+    """A notification as the ``create`` move makes it: scheduled when it has a time, else queued."""
+    state = NotificationState.SCHEDULED if send_at is not None else NotificationState.QUEUED
+    return Notification(state=_ends_in("create", "notification", state), send_at=send_at, **fields)
+
+
+def open_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime,
+                 columns: tuple[Any, ...]) -> Row[Any]:
+    """Make the attempt (queued) or, when it exists, count one more try: one statement either way.
+
+    The try is counted before the run does anything (arq's rule), so a crash loop ends.
+    """
+    dialect = session.get_bind().dialect.name
+    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        dialect_insert(ATTEMPTS)
+        .values(notification_id=notification_id, number=number, route=route, channel=channel,
+                state=_ends_in("open_attempt", "attempt", AttemptState.QUEUED), tries=1, created_at=now, updated_at=now)
+        .on_conflict_do_update(
+            index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number],
+            set_={"tries": ATTEMPTS.c.tries + 1, "updated_at": now},
+        )
+        .returning(*columns)
+    )
+    return session.execute(statement).one()
+
+
+# --- before the message exists ------------------------------------------------------------------
+
+
+def release_due(session: Session, notification_ids: list[int], *, now: datetime) -> None:
+    """Scheduled notifications whose time has come become queued."""
+    if notification_ids:
+        session.execute(
+            update(NOTIFICATIONS)
+            .where(NOTIFICATIONS.c.id.in_(notification_ids),
+                   NOTIFICATIONS.c.state.in_(_starts_for("release_due", "notification", NotificationState.QUEUED)))
+            .values(state=NotificationState.QUEUED, updated_at=now)
+        )
+
+
+def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: bool, target: Target, now: datetime,
+          lease_until: datetime) -> bool:
+    """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease."""
+    start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
+    taken = session.execute(
+        update(ATTEMPTS)
+        .where(
+            ATTEMPTS.c.id == attempt_id,
+            or_(
+                ATTEMPTS.c.state.in_([state for state in start if state != AttemptState.IN_FLIGHT]),
+                (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
+            ),
+        )
+        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until,
+                in_flight_since=now, updated_at=now, inbox_id=target.inbox_id, contact_id=target.contact_id,
+                conversation_id=target.conversation_id, content_hash=target.content_hash)
+    )
+    if not _won(taken):
+        return False
+    sending = NotificationState.FALLING_BACK if fallback else NotificationState.SENDING
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
+        .values(state=sending, inbox_id=target.inbox_id, channel=target.channel,
+                conversation_id=target.conversation_id, updated_at=now, enqueued_at=now, next_try_at=None)
+    )
+    return True
+
+
+def release(session: Session, *, attempt_id: int, now: datetime) -> bool:
+    """createMessage was not made, or was refused in a way a later try may get past: queued again."""
+    return _won(session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("release", "attempt", AttemptState.QUEUED)))
+        .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now)
+    ))
+
+
+def mark_unknown(session: Session, *, attempt_id: int, now: datetime, no_resend_reason: str | None = None) -> bool:
+    """createMessage ended without an answer. ``no_resend_reason``: the next run looks, never resends."""
+    values: dict[str, Any] = {"state": AttemptState.UNKNOWN, "lease_until": None, "updated_at": now}
+    if no_resend_reason is not None:
+        values["error_kind"] = no_resend_reason
+    return _won(session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id,
+               ATTEMPTS.c.state.in_(_starts_for("mark_unknown", "attempt", AttemptState.UNKNOWN)))
+        .values(**values)
+    ))
+
+
+def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
+                 now: datetime) -> bool:
+    """The attempt ends without a message; the notification keeps the reason (its decision follows)."""
+    moved = session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("fail_attempt", "attempt", AttemptState.FAILED)))
+        .values(state=AttemptState.FAILED, error_kind=error_kind,
+                error_detail=_detail(detail), lease_until=None, status_at=now, updated_at=now)
+    )
+    if not _won(moved):
+        return False
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("fail_attempt", "notification")))
+        .values(error_kind=error_kind, error_detail=_detail(detail), updated_at=now)
+    )
+    return True
+
+
+# --- the message exists -------------------------------------------------------------------------
+
+
+def accept(session: Session, *, notification_id: int, attempt_id: int, message_id: int, state: AttemptState,
+           now: datetime) -> Accepted | None:
+    """The workspace took the message: record its ID and first status on the attempt and the notification."""
+    row = session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("accept", "attempt", state)))
+        .values(state=state, message_id=message_id, accepted_at=now, status_at=now,
+                updated_at=now, content_hash=None, lease_until=None, error_kind=None, error_detail=None)
+        .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id,
+               NOTIFICATIONS.c.state.in_(_starts_for("accept", "notification", notification_state_for(state))))
+        .values(state=notification_state_for(state), message_id=message_id,
+                conversation_id=row.conversation_id, inbox_id=row.inbox_id, channel=row.channel, accepted_at=now,
+                delivery_state=state.value, error_kind=None, error_detail=None, updated_at=now)
+    )
+    return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
+
+
+def record_outcome(session: Session, *, notification_id: int, attempt_id: int, attempt_number: int,
+                   current: AttemptState, new: AttemptState, external_error: str | None, now: datetime) -> bool:
+    """Move the attempt from ``current`` to the later ``new``; mirror it on the notification while
+    the attempt is the current one (the first, or the fallback once decided) and did not fail."""
+    if current not in _starts_for("record_outcome", "attempt", new) or advance(current, new) != new:
+        return False  # forward only; a failure after delivery is not one (the table has no such edge)
+    values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now}
+    if new is AttemptState.FAILED:
+        values.update(error_kind="external_error", error_detail=_detail(external_error))
+    moved = session.execute(
+        update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state == current).values(**values)
+    )
+    if not _won(moved):
+        return False
+    if new is not AttemptState.FAILED:
+        mirrored = notification_state_for(new)
+        current_number = case((NOTIFICATIONS.c.fallback_decision == "fallback", 2), else_=1)
+        session.execute(
+            update(NOTIFICATIONS)
+            .where(NOTIFICATIONS.c.id == notification_id, current_number == attempt_number,
+                   NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
+            .values(state=mirrored, delivery_state=new.value, updated_at=now)
+        )
+    return True
+
+
+# --- the single decision and the end ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FallbackDecision:
+    """``fall_back``: through ``fallback_route`` (``channel``). Else, when ``failed``, the
+    notification ends failed with ``error_kind`` / ``error_detail`` (kept if it has a reason already)."""
+
+    fall_back: bool
+    reason: str
+    failed: bool
+    error_kind: str | None = None
+    error_detail: str | None = None
+    fallback_route: str | None = None
+    fallback_channel: str | None = None
+
+
+def decide_fallback(session: Session, *, notification_id: int, decision: FallbackDecision, now: datetime) -> bool:
+    """The single fallback decision, on ``fallback_decision IS NULL``: only its winner acts on it."""
+    values: dict[str, Any] = {
+        "fallback_decision": "fallback" if decision.fall_back else "none",
+        "fallback_reason": decision.reason[:DETAIL_MAX_CHARS],
+        "fallback_decided_at": now,
+        "updated_at": now,
+    }
+    end: str | None = None  # a deadline decision without a route keeps the state
+    if decision.fall_back:
+        end = NotificationState.FALLING_BACK
+        values.update(state=end, enqueued_at=None)
+    elif decision.failed:
+        end = NotificationState.FAILED
+        values.update(state=end, delivery_state=AttemptState.FAILED.value,
+                      error_kind=func.coalesce(NOTIFICATIONS.c.error_kind, decision.error_kind or "failed"),
+                      error_detail=func.coalesce(NOTIFICATIONS.c.error_detail, _detail(decision.error_detail or decision.reason)))
+    won = _won(session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None),
+               NOTIFICATIONS.c.state.in_(_starts_for("decide_fallback", "notification", end) if end
+                                         else _kept("decide_fallback", "notification")))
+        .values(**values)
+    ))
+    if won and decision.fall_back:
+        assert decision.fallback_route is not None and decision.fallback_channel is not None
+        _insert_ignoring_conflict(session, {
+            "notification_id": notification_id, "number": 2, "route": decision.fallback_route,
+            "channel": decision.fallback_channel, "state": _ends_in("decide_fallback", "attempt", AttemptState.QUEUED),
+            "tries": 0, "created_at": now, "updated_at": now,
+        })
+    return won
+
+
+def end_failed(session: Session, *, notification_id: int, error_kind: str, detail: str | None, now: datetime) -> bool:
+    """Nothing more will be sent (the fallback failed too): the notification ends failed, with why."""
+    return _won(session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id,
+               NOTIFICATIONS.c.state.in_(_starts_for("end_failed", "notification", NotificationState.FAILED)))
+        .values(state=NotificationState.FAILED,
+                delivery_state=AttemptState.FAILED.value, error_kind=error_kind, error_detail=_detail(detail),
+                updated_at=now)
+    ))
+
+
+def _insert_ignoring_conflict(session: Session, values: dict[str, Any]) -> None:
+    dialect = session.get_bind().dialect.name
+    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(dialect_insert(ATTEMPTS).values(**values).on_conflict_do_nothing())
+
+

@@ -1,0 +1,100 @@
+"""Every move of a notification and of its attempts, as data: the one place where states change.
+
+A :class:`Move` lists, for the attempt and for the notification, the edges it may take: pairs of
+(start state, end state). :mod:`dispatcher.lifecycle.moves` runs each move as one compare-and-set
+whose ``WHERE state IN (...)`` is the set of start states read from here, and checks that the
+state it writes is one of the move's end states, so this table is not a description of the code
+beside it but the condition the code applies. docs/lifecycle.md draws it
+(:mod:`dispatcher.lifecycle.diagram`), and a test keeps the drawing current.
+
+A start of ``NEW`` means the move creates the row. An edge from a state to itself sets fields
+(an error, a time) without moving the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import product
+
+from dispatcher.lifecycle.states import SENDABLE_ATTEMPT_STATES, SENDABLE_NOTIFICATION_STATES, AttemptState, NotificationState
+
+A, N = AttemptState, NotificationState
+NEW = "new"  # the start of a move that creates the row
+
+
+@dataclass(frozen=True)
+class Side:
+    edges: frozenset[tuple[str, str]]
+    guard: str = ""  # a condition besides the state, in words (the move applies it too)
+
+    @property
+    def start(self) -> frozenset[str]:
+        return frozenset(start for start, _ in self.edges if start != NEW)
+
+    @property
+    def end(self) -> frozenset[str]:
+        return frozenset(end for _, end in self.edges)
+
+
+@dataclass(frozen=True)
+class Move:
+    name: str
+    why: str
+    attempt: Side | None = None
+    notification: Side | None = None
+
+
+def every(starts: Iterable[str], ends: Iterable[str], guard: str = "") -> Side:
+    """Any of ``starts`` to any of ``ends``."""
+    return Side(frozenset(product(starts, ends)), guard)
+
+
+def edges(*pairs: tuple[str, Iterable[str]], guard: str = "") -> Side:
+    """Each start to its own ends."""
+    return Side(frozenset((start, end) for start, ends in pairs for end in ends), guard)
+
+
+def kept(states: Iterable[str], guard: str = "") -> Side:
+    return Side(frozenset((state, state) for state in states), guard)
+
+
+ACCEPTED = (A.ACCEPTED, A.SENT, A.DELIVERED, A.READ)
+DECIDABLE = (N.QUEUED, N.SENDING, N.ACCEPTED, N.SENT, N.DELIVERED)  # the first attempt, not yet settled
+AFTER_FALLBACK = (N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)  # the fallback's attempt, not yet settled
+
+MOVES: dict[str, Move] = {
+    move.name: move
+    for move in (
+        Move("create", "a host hands over an event: stored once, by its event ID",
+             notification=every([NEW], [N.SCHEDULED, N.QUEUED])),
+        Move("release_due", "a scheduled notification's time has come",
+             notification=every([N.SCHEDULED], [N.QUEUED])),
+        Move("open_attempt", "the current attempt's first run makes its row (each run counts a try)",
+             attempt=every([NEW], [A.QUEUED])),
+        Move("claim", "a worker takes the attempt for one createMessage call, under a lease",
+             attempt=every([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], [A.IN_FLIGHT], "in flight only when its lease ran out"),
+             notification=edges((N.QUEUED, [N.SENDING]), (N.SENDING, [N.SENDING]), (N.FALLING_BACK, [N.FALLING_BACK]))),
+        Move("release", "createMessage was not made (a limiter wait), or refused and may be tried again",
+             attempt=every([A.IN_FLIGHT], [A.QUEUED])),
+        Move("mark_unknown", "createMessage ended without an answer: look for the message before any resend",
+             attempt=every([A.IN_FLIGHT], [A.UNKNOWN])),
+        Move("accept", "the workspace took the message (answered, or found after an unknown outcome)",
+             attempt=every(SENDABLE_ATTEMPT_STATES, ACCEPTED),
+             notification=every(SENDABLE_NOTIFICATION_STATES, ACCEPTED)),
+        Move("record_outcome", "a delivery report, from a webhook or read back: forward only",
+             attempt=edges((A.ACCEPTED, [A.SENT, A.DELIVERED, A.READ, A.FAILED]), (A.SENT, [A.DELIVERED, A.READ, A.FAILED]),
+                           (A.DELIVERED, [A.READ])),
+             notification=edges((N.ACCEPTED, [N.SENT, N.DELIVERED, N.READ]), (N.SENT, [N.DELIVERED, N.READ]),
+                                (N.DELIVERED, [N.READ]), guard="when the attempt is the current one and did not fail")),
+        Move("fail_attempt", "the attempt ends without a message (refused, not contactable, tries used up)",
+             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED]),
+             notification=kept(SENDABLE_NOTIFICATION_STATES, "records the reason; the decision moves the state")),
+        Move("decide_fallback", "the single fallback decision: fall back, end as failed, or (a deadline without a route) neither",
+             notification=Side(every(DECIDABLE, [N.FALLING_BACK, N.FAILED]).edges | kept(DECIDABLE).edges,
+                               "no decision made yet"),
+             attempt=every([NEW], [A.QUEUED], "the fallback's attempt, when it falls back")),
+        Move("end_failed", "the fallback failed too: nothing more is sent",
+             notification=every(AFTER_FALLBACK, [N.FAILED])),
+    )
+}

@@ -1,0 +1,219 @@
+"""Random interleavings of the lifecycle's moves, against PostgreSQL, with the promises checked after every step.
+
+A Hypothesis state machine plays two send workers (claims, releases, unknown outcomes,
+acceptances and failures, each with its own lease clock), the outcome consumer (delivery reports in
+any order, duplicates included), the sweeps (due releases, deadline decisions) and the decisions
+that follow failures, on one notification at a time. After every step it checks what the
+lifecycle promises:
+
+* at most one accepted message per attempt, and an accepted message never changes;
+* at most one fallback decision per notification, and at most two attempts;
+* states only move forward: an attempt that was accepted never goes back to sending, a delivery
+  state never drops, and nothing leaves ``failed`` or ``read``;
+* every notification that ended ``failed`` has an ``error_kind`` and an ``error_detail``.
+
+A failing run prints its steps, and ``@reproduce_failure`` replays it exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher.db import make_engine, session_factory
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, AttemptState, NotificationState, rank
+from dispatcher.migrate import upgrade_database
+from dispatcher.models import Attempt, Notification
+
+pytestmark = pytest.mark.integration
+
+START = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+EVENTS = itertools.count(1)
+MESSAGES = itertools.count(1000)
+REPORTS = st.sampled_from([AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ, AttemptState.FAILED])
+SEND_FAILURES = st.sampled_from(["tries_exhausted", "not_contactable", "not_found", "auth"])
+
+
+class Lifecycle(RuleBasedStateMachine):
+    sessions: sessionmaker[Session]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = START
+        self.notification_id = 0
+        self.seen_messages: dict[int, int] = {}  # attempt ID -> its message ID, once accepted
+        self.decisions: list[str] = []
+        self.history: list[tuple[str, list[str]]] = []
+
+    # -- set-up ---------------------------------------------------------------------------------
+    @initialize(scheduled=st.booleans(), fallback_route=st.booleans())
+    def hand_over(self, scheduled: bool, fallback_route: bool) -> None:
+        with self.sessions.begin() as session:
+            notification = moves.new_notification(
+                send_at=START if scheduled else None, event_id=f"interleaving-{next(EVENTS)}", fingerprint="f" * 64,
+                route="reminders", fallback_route="sms" if fallback_route else None, created_at=START, updated_at=START)
+            session.add(notification)
+            session.flush()
+            self.notification_id = notification.id
+
+    # -- reading --------------------------------------------------------------------------------
+    def _rows(self, session: Session) -> tuple[Notification, list[Attempt]]:
+        notification = session.get(Notification, self.notification_id, populate_existing=True)
+        assert notification is not None
+        attempts = list(session.scalars(select(Attempt).where(Attempt.notification_id == self.notification_id)
+                                        .order_by(Attempt.number).execution_options(populate_existing=True)))
+        return notification, attempts
+
+    def _current(self, session: Session) -> tuple[Notification, Attempt | None]:
+        notification, attempts = self._rows(session)
+        number = 2 if notification.fallback_decision == "fallback" else 1
+        return notification, next((a for a in attempts if a.number == number), None)
+
+    # -- the sweeps -----------------------------------------------------------------------------
+    @rule(seconds=st.integers(0, 40))
+    def time_passes(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @rule()
+    def sweep_releases_what_is_due(self) -> None:
+        with self.sessions.begin() as session:
+            moves.release_due(session, [self.notification_id], now=self.now)
+
+    # -- a send worker ----------------------------------------------------------------------------
+    @rule()
+    def a_worker_opens_the_current_attempt(self) -> None:
+        with self.sessions.begin() as session:
+            notification, _ = self._current(session)
+            if notification.state in (NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK):
+                number = 2 if notification.fallback_decision == "fallback" else 1
+                moves.open_attempt(session, notification_id=self.notification_id, number=number, route="r", channel="c",
+                                   now=self.now, columns=(Attempt.__table__.c.id,))
+
+    @rule()
+    def a_worker_claims(self) -> None:
+        with self.sessions.begin() as session:
+            notification, attempt = self._current(session)
+            if attempt is not None:
+                target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
+                moves.claim(session, notification_id=self.notification_id, attempt_id=attempt.id,
+                            fallback=attempt.number == 2, target=target, now=self.now, lease_until=self.now + LEASE)
+
+    @rule(ambiguous=st.booleans())
+    def a_worker_s_call_ends_without_a_message(self, ambiguous: bool) -> None:
+        with self.sessions.begin() as session:
+            _, attempt = self._current(session)
+            if attempt is not None:
+                if ambiguous:
+                    moves.mark_unknown(session, attempt_id=attempt.id, now=self.now)
+                else:
+                    moves.release(session, attempt_id=attempt.id, now=self.now)
+
+    @rule(status=st.sampled_from([AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED]))
+    def a_worker_records_the_acceptance(self, status: AttemptState) -> None:
+        with self.sessions.begin() as session:
+            _, attempt = self._current(session)
+            if attempt is not None:
+                moves.accept(session, notification_id=self.notification_id, attempt_id=attempt.id,
+                             message_id=next(MESSAGES), state=status, now=self.now)
+
+    @rule(kind=SEND_FAILURES)
+    def a_worker_gives_up(self, kind: str) -> None:
+        with self.sessions.begin() as session:
+            _, attempt = self._current(session)
+            if attempt is not None and moves.fail_attempt(session, notification_id=self.notification_id,
+                                                          attempt_id=attempt.id, error_kind=kind, detail=f"{kind} here",
+                                                          now=self.now):
+                self._decide_or_end(session, attempt.number, kind, f"{kind} here")
+
+    # -- the outcome consumer -----------------------------------------------------------------------
+    @rule(report=REPORTS, number=st.sampled_from([1, 2]))
+    def the_consumer_applies_a_report(self, report: AttemptState, number: int) -> None:
+        with self.sessions.begin() as session:
+            _, attempts = self._rows(session)
+            attempt = next((a for a in attempts if a.number == number), None)
+            if attempt is None:
+                return
+            current = AttemptState(attempt.state)
+            if moves.record_outcome(session, notification_id=self.notification_id, attempt_id=attempt.id,
+                                    attempt_number=number, current=current, new=report,
+                                    external_error="131026: Message undeliverable", now=self.now) \
+                    and report is AttemptState.FAILED:
+                self._decide_or_end(session, number, "external_error", "131026: Message undeliverable")
+
+    @rule(fall_back=st.booleans())
+    def the_deadline_sweep_decides(self, fall_back: bool) -> None:
+        with self.sessions.begin() as session:
+            notification, _ = self._rows(session)
+            decision = moves.FallbackDecision(
+                fall_back=fall_back and notification.fallback_route is not None, reason="not delivered by the deadline",
+                failed=False, fallback_route="sms", fallback_channel="sms")
+            if moves.decide_fallback(session, notification_id=self.notification_id, decision=decision, now=self.now):
+                self.decisions.append("deadline")
+
+    def _decide_or_end(self, session: Session, number: int, kind: str, detail: str) -> None:
+        if number == 2:
+            moves.end_failed(session, notification_id=self.notification_id, error_kind=kind, detail=detail, now=self.now)
+            return
+        notification, _ = self._rows(session)
+        decision = moves.FallbackDecision(
+            fall_back=notification.fallback_route is not None, reason=kind, failed=True, error_kind=kind,
+            error_detail=detail, fallback_route="sms", fallback_channel="sms")
+        if moves.decide_fallback(session, notification_id=self.notification_id, decision=decision, now=self.now):
+            self.decisions.append(kind)
+
+    # -- the promises ------------------------------------------------------------------------------
+    @invariant()
+    def the_promises_hold(self) -> None:
+        if not self.notification_id:
+            return
+        with self.sessions() as session:
+            notification, attempts = self._rows(session)
+        states = [attempt.state for attempt in attempts]
+        assert len(attempts) <= 2
+        assert len(self.decisions) <= 1, self.decisions
+        assert (notification.fallback_decision is None) == (not self.decisions)
+        assert all(attempt.number == 2 for attempt in attempts[1:])
+        if len(attempts) == 2:
+            assert notification.fallback_decision == "fallback"
+        for attempt in attempts:
+            if attempt.message_id is not None:  # one accepted message, never replaced
+                assert self.seen_messages.setdefault(attempt.id, attempt.message_id) == attempt.message_id
+            if attempt.id in self.seen_messages:
+                assert AttemptState(attempt.state) in ACCEPTED_ATTEMPT_STATES | {AttemptState.FAILED}
+        if self.history:
+            before_state, before_attempts = self.history[-1]
+            assert before_state not in (NotificationState.FAILED, NotificationState.READ) or notification.state == before_state
+            for old, new in zip(before_attempts, states, strict=False):
+                assert old not in (AttemptState.FAILED, AttemptState.READ) or new == old
+                if AttemptState(old) in ACCEPTED_ATTEMPT_STATES:
+                    assert rank(AttemptState(new)) >= rank(AttemptState(old)), (old, new)
+        if notification.state == NotificationState.FAILED:
+            assert notification.error_kind and notification.error_detail, "an ended notification says why"
+        self.history.append((notification.state, states))
+
+
+@pytest.fixture(scope="module")
+def postgres_sessions(postgres_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade_database(postgres_url)
+    engine = make_engine(postgres_url)
+    try:
+        yield session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+def test_every_interleaving_keeps_the_promises(postgres_sessions: sessionmaker[Session]) -> None:
+    Lifecycle.sessions = postgres_sessions
+    machine = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                       suppress_health_check=[HealthCheck.too_slow])(Lifecycle)
+    machine.TestCase().runTest()

@@ -1,0 +1,231 @@
+"""Every lifecycle move, allowed and refused, on SQLite and on PostgreSQL.
+
+Each test puts rows in a chosen state (test code may; the dispatcher may not), runs one move, and
+checks both that it answered whether it won and what is then stored: a refused move writes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher.db import make_engine, session_factory
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import AttemptState as A
+from dispatcher.lifecycle.states import NotificationState as N
+from dispatcher.migrate import upgrade_database
+from dispatcher.models import Attempt, Notification
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+EVENT_NUMBERS = itertools.count(1)
+TARGET = moves.Target(inbox_id=1, contact_id=7, conversation_id=3, channel="messaging_platform", content_hash="h" * 64)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'moves.sqlite'}"
+    else:
+        url = request.getfixturevalue("fresh_postgres_url")
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        yield session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+def put(sessions: sessionmaker[Session], state: str, *attempts: str, fallback_decision: str | None = None,
+        lease_until: datetime | None = None) -> tuple[int, list[int]]:
+    """A notification in ``state`` with attempts 1.. in the given states; their IDs."""
+    with sessions.begin() as session:
+        notification = Notification(event_id=f"event-{next(EVENT_NUMBERS)}", fingerprint="f" * 64, route="reminders",
+                                    fallback_route="sms", state=state, fallback_decision=fallback_decision,
+                                    created_at=NOW, updated_at=NOW)
+        session.add(notification)
+        session.flush()
+        rows = [Attempt(notification_id=notification.id, number=number, route="reminders", channel="messaging_platform",
+                        state=attempt_state, tries=1, lease_until=lease_until, created_at=NOW, updated_at=NOW)
+                for number, attempt_state in enumerate(attempts, start=1)]
+        session.add_all(rows)
+        session.flush()
+        return notification.id, [row.id for row in rows]
+
+
+def states(sessions: sessionmaker[Session], notification_id: int) -> tuple[str, list[str]]:
+    with sessions() as session:
+        notification = session.get(Notification, notification_id)
+        assert notification is not None
+        attempts = session.scalars(select(Attempt.state).where(Attempt.notification_id == notification_id)
+                                   .order_by(Attempt.number)).all()
+        return notification.state, list(attempts)
+
+
+def notification_of(sessions: sessionmaker[Session], notification_id: int) -> Notification:
+    with sessions() as session:
+        found = session.get(Notification, notification_id)
+        assert found is not None
+        session.expunge(found)
+        return found
+
+
+def test_create_and_open_attempt(sessions: sessionmaker[Session]) -> None:
+    assert moves.new_notification(send_at=None, event_id="x").state == N.QUEUED
+    assert moves.new_notification(send_at=NOW, event_id="y").state == N.SCHEDULED
+    notification_id, _ = put(sessions, N.QUEUED)
+    with sessions.begin() as session:
+        first = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
+                                   channel="messaging_platform", now=NOW, columns=(Attempt.__table__.c.tries,))
+        again = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
+                                   channel="messaging_platform", now=NOW, columns=(Attempt.__table__.c.tries,))
+    assert (first.tries, again.tries) == (1, 2)
+    assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
+
+
+def test_release_due_moves_only_scheduled_rows(sessions: sessionmaker[Session]) -> None:
+    due, _ = put(sessions, N.SCHEDULED)
+    sending, _ = put(sessions, N.SENDING)
+    with sessions.begin() as session:
+        moves.release_due(session, [due, sending], now=NOW)
+    assert states(sessions, due)[0] == N.QUEUED
+    assert states(sessions, sending)[0] == N.SENDING
+
+
+def test_claim_takes_a_queued_attempt_once(sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)
+    lease = NOW + timedelta(seconds=60)
+    with sessions.begin() as session:
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                           target=TARGET, now=NOW, lease_until=lease)
+    with sessions.begin() as session:  # a twin, while the lease lives
+        assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                               target=TARGET, now=NOW + timedelta(seconds=1), lease_until=lease)
+    assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])
+    assert notification_of(sessions, notification_id).conversation_id == TARGET.conversation_id
+    with sessions.begin() as session:  # the lease ran out: a worker may take it again
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                           target=TARGET, now=lease + timedelta(seconds=1), lease_until=lease + timedelta(seconds=60))
+
+
+def test_claim_of_the_fallback_keeps_falling_back_and_refuses_an_ended_attempt(sessions: sessionmaker[Session]) -> None:
+    notification_id, [_, second] = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
+    with sessions.begin() as session:
+        assert moves.claim(session, notification_id=notification_id, attempt_id=second, fallback=True, target=TARGET,
+                           now=NOW, lease_until=NOW + timedelta(seconds=60))
+    assert states(sessions, notification_id) == (N.FALLING_BACK, [A.FAILED, A.IN_FLIGHT])
+    ended, [attempt_id] = put(sessions, N.SENT, A.SENT)
+    with sessions.begin() as session:
+        assert not moves.claim(session, notification_id=ended, attempt_id=attempt_id, fallback=False, target=TARGET,
+                               now=NOW, lease_until=NOW)
+    assert states(sessions, ended) == (N.SENT, [A.SENT])
+
+
+def test_release_and_mark_unknown_only_from_in_flight(sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    with sessions.begin() as session:
+        assert moves.mark_unknown(session, attempt_id=attempt_id, now=NOW, no_resend_reason="unreadable_answer")
+        assert not moves.release(session, attempt_id=attempt_id, now=NOW)  # it is unknown now, not in flight
+    assert states(sessions, notification_id) == (N.SENDING, [A.UNKNOWN])
+    other, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    with sessions.begin() as session:
+        assert moves.release(session, attempt_id=in_flight, now=NOW)
+        assert not moves.mark_unknown(session, attempt_id=in_flight, now=NOW)
+    assert states(sessions, other) == (N.SENDING, [A.QUEUED])
+
+
+def test_accept_records_the_message_on_both_and_only_once(sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    with sessions.begin() as session:
+        accepted = moves.accept(session, notification_id=notification_id, attempt_id=attempt_id, message_id=41,
+                                state=A.SENT, now=NOW)
+        assert accepted is not None and accepted.channel == "messaging_platform"
+        assert moves.accept(session, notification_id=notification_id, attempt_id=attempt_id, message_id=42,
+                            state=A.SENT, now=NOW) is None
+    assert states(sessions, notification_id) == (N.SENT, [A.SENT])
+    notification = notification_of(sessions, notification_id)
+    assert (notification.message_id, notification.delivery_state, notification.accepted_at is not None) == (41, "sent", True)
+
+
+def test_record_outcome_moves_forward_and_mirrors_only_the_current_attempt(sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.SENT, A.SENT)
+    with sessions.begin() as session:
+        assert moves.record_outcome(session, notification_id=notification_id, attempt_id=attempt_id, attempt_number=1,
+                                    current=A.SENT, new=A.DELIVERED, external_error=None, now=NOW)
+        assert not moves.record_outcome(session, notification_id=notification_id, attempt_id=attempt_id, attempt_number=1,
+                                        current=A.DELIVERED, new=A.FAILED, external_error="131026: x", now=NOW)
+        assert not moves.record_outcome(session, notification_id=notification_id, attempt_id=attempt_id, attempt_number=1,
+                                        current=A.SENT, new=A.READ, external_error=None, now=NOW)  # stale: it is delivered
+    assert states(sessions, notification_id) == (N.DELIVERED, [A.DELIVERED])
+    # the first attempt after the decision to fall back: its news no longer moves the notification
+    fell_back, [first, _] = put(sessions, N.FALLING_BACK, A.SENT, A.QUEUED, fallback_decision="fallback")
+    with sessions.begin() as session:
+        assert moves.record_outcome(session, notification_id=fell_back, attempt_id=first, attempt_number=1,
+                                    current=A.SENT, new=A.DELIVERED, external_error=None, now=NOW)
+    assert states(sessions, fell_back) == (N.FALLING_BACK, [A.DELIVERED, A.QUEUED])
+
+
+def test_a_failure_ends_the_attempt_and_leaves_the_notification_to_the_decision(sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.SENT, A.SENT)
+    with sessions.begin() as session:
+        assert moves.record_outcome(session, notification_id=notification_id, attempt_id=attempt_id, attempt_number=1,
+                                    current=A.SENT, new=A.FAILED, external_error="131026: Message undeliverable", now=NOW)
+    assert states(sessions, notification_id) == (N.SENT, [A.FAILED])
+    refused, [queued] = put(sessions, N.QUEUED, A.QUEUED)
+    with sessions.begin() as session:
+        assert moves.fail_attempt(session, notification_id=refused, attempt_id=queued, error_kind="not_contactable",
+                                  detail="the contact has no phone number", now=NOW)
+        assert not moves.fail_attempt(session, notification_id=refused, attempt_id=queued, error_kind="again", detail="",
+                                      now=NOW)
+    assert states(sessions, refused) == (N.QUEUED, [A.FAILED])
+    assert notification_of(sessions, refused).error_kind == "not_contactable"
+
+
+def test_the_fallback_decision_is_made_once(sessions: sessionmaker[Session]) -> None:
+    notification_id, _ = put(sessions, N.SENT, A.FAILED)
+    fall_back = moves.FallbackDecision(fall_back=True, reason="undeliverable (131026)", failed=True,
+                                       fallback_route="sms", fallback_channel="sms")
+    with sessions.begin() as session:
+        assert moves.decide_fallback(session, notification_id=notification_id, decision=fall_back, now=NOW)
+        assert not moves.decide_fallback(session, notification_id=notification_id, decision=fall_back, now=NOW)
+    assert states(sessions, notification_id) == (N.FALLING_BACK, [A.FAILED, A.QUEUED])
+    assert notification_of(sessions, notification_id).fallback_decision == "fallback"
+
+
+def test_a_failed_decision_ends_the_notification_with_its_reason(sessions: sessionmaker[Session]) -> None:
+    notification_id, _ = put(sessions, N.SENT, A.FAILED)
+    end = moves.FallbackDecision(fall_back=False, reason="template_misconfigured (132001)", failed=True,
+                                 error_kind="external_error", error_detail="132001: Template name does not exist")
+    with sessions.begin() as session:
+        assert moves.decide_fallback(session, notification_id=notification_id, decision=end, now=NOW)
+    notification = notification_of(sessions, notification_id)
+    assert (notification.state, notification.error_kind) == (N.FAILED, "external_error")
+    assert notification.error_detail == "132001: Template name does not exist"
+    # a deadline without a route decides without moving the state
+    waiting, _ = put(sessions, N.SENT, A.SENT)
+    with sessions.begin() as session:
+        assert moves.decide_fallback(session, notification_id=waiting,
+                                     decision=moves.FallbackDecision(fall_back=False, reason="deadline", failed=False),
+                                     now=NOW)
+    assert states(sessions, waiting) == (N.SENT, [A.SENT])
+
+
+def test_end_failed_only_after_a_fallback_and_with_why(sessions: sessionmaker[Session]) -> None:
+    notification_id, _ = put(sessions, N.FALLING_BACK, A.FAILED, A.FAILED, fallback_decision="fallback")
+    with sessions.begin() as session:
+        assert moves.end_failed(session, notification_id=notification_id, error_kind="external_error",
+                                detail="30003: Unreachable destination handset", now=NOW)
+    notification = notification_of(sessions, notification_id)
+    assert (notification.state, notification.error_kind, notification.error_detail) == (
+        N.FAILED, "external_error", "30003: Unreachable destination handset")
+    read, _ = put(sessions, N.READ, A.READ)
+    with sessions.begin() as session:
+        assert not moves.end_failed(session, notification_id=read, error_kind="x", detail=None, now=NOW)
+    assert states(sessions, read) == (N.READ, [A.READ])
