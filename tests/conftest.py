@@ -65,13 +65,25 @@ def _fresh_postgres_database() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    """The Redis server the tests use; fails the test when it does not answer."""
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis the tests use: the URL in ``DISPATCHER_TEST_REDIS_URL``, else a server of the
+    suite's own on a free port, stopped at the end. Never the machine's server on 6379 unasked:
+    the tests flush the databases they use, and must flush only what they created."""
     import redis
 
-    url = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+    from tests.support.redis_server import PrivateRedis
+
+    given = os.environ.get("DISPATCHER_TEST_REDIS_URL")
+    if given:
+        try:
+            redis.Redis.from_url(given, socket_timeout=2).ping()
+        except redis.RedisError as error:
+            pytest.fail(f"Redis does not answer at DISPATCHER_TEST_REDIS_URL: {type(error).__name__}")
+        yield given
+        return
+    own = PrivateRedis(tmp_path_factory.mktemp("redis"))
+    own.start()
     try:
-        redis.Redis.from_url(url, socket_timeout=2).ping()
-    except redis.RedisError as error:
-        pytest.fail(f"Redis does not answer at {url} (run the tests with scripts/test): {error}")
-    return url
+        yield own.url.removesuffix("/0")
+    finally:
+        own.stop()

@@ -1,4 +1,5 @@
-# Sourced by scripts/test: make sure PostgreSQL and Redis answer on loopback, starting them if not.
+# Sourced by scripts/test: make sure PostgreSQL answers on loopback (starting it if not), and that
+# redis-server is installed (the tests start a Redis of their own on a free port).
 # The start commands are this machine kind's own (Debian packages, no systemd).
 
 answers() { # host port
@@ -25,15 +26,8 @@ ensure_postgres() {
   wait_for PostgreSQL 5432
 }
 
-ensure_redis() {
-  answers 127.0.0.1 6379 && return 0
-  echo "Redis is not answering on 127.0.0.1:6379: starting it" >&2
-  if ! command -v redis-server >/dev/null; then
-    echo "Redis is not installed (apt-get install redis-server)" >&2
-    return 1
-  fi
-  mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
-  wait_for Redis 6379
+require_redis_server() {
+  command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] && return 0
+  echo "redis-server is not installed (apt-get install redis-server): the tests start their own" >&2
+  return 1
 }

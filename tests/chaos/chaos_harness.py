@@ -18,7 +18,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -40,6 +39,7 @@ from dispatcher.models import Attempt, Notification, WebhookDelivery
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import ProcessGroup, dispatcher_environment, process_group
 
@@ -199,39 +199,8 @@ def settings_of(env: dict[str, str]) -> Settings:
 # --- a private Redis ------------------------------------------------------------------------
 
 
-class PrivateRedis:
-    """``redis-server`` on a free loopback port, nothing on disk: a restart loses every key."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.starts += 1
-        log = (self.directory / f"redis-{self.starts}.log").open("wb")
-        with log:
-            self.process = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--daemonize", "no", "--dir", str(self.directory)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-                with contextlib.suppress(redis.RedisError):
-                    if client.ping():
-                        return
-                time.sleep(0.05)
-            raise RuntimeError("redis-server did not answer within 10 s")
-        finally:
-            client.close()
+class PrivateRedis(BasePrivateRedis):
+    """The tests' own Redis, with a look at the broker's queues for the run's report."""
 
     def queued(self) -> dict[str, int]:
         """Tasks waiting in the broker's queues, and taken but not acknowledged, right now."""
@@ -247,22 +216,6 @@ class PrivateRedis:
             return {f"unreadable ({type(error).__name__})": 0}
         finally:
             client.close()
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash: with no persistence every queued task and limiter key is gone."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-        if self.process is not None:
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
 
 
 # --- the stack ------------------------------------------------------------------------------

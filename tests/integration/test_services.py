@@ -1,6 +1,8 @@
-"""The real services the integration tests rely on answer on loopback (scripts/test starts them)."""
+"""The real services the integration tests rely on answer on loopback: PostgreSQL (scripts/test starts it) and the suite's own Redis."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import redis
@@ -27,3 +29,11 @@ def test_redis_answers_and_round_trips(redis_url: str) -> None:
     client.set(key, "1", ex=10)
     assert client.get(key) == b"1"
     client.delete(key)
+
+
+def test_the_suite_uses_a_redis_of_its_own_unless_given_one(redis_url: str) -> None:
+    # The machine's Redis on 6379 may hold someone else's data, and the tests flush what they use.
+    if os.environ.get("DISPATCHER_TEST_REDIS_URL"):
+        assert redis_url == os.environ["DISPATCHER_TEST_REDIS_URL"]
+    else:
+        assert redis.Redis.from_url(redis_url).config_get("port")["port"] != "6379"
