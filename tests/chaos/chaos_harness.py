@@ -18,7 +18,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import threading
 import time
 from collections import Counter, defaultdict

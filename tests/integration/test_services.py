@@ -1,4 +1,5 @@
-"""The real services the integration tests rely on answer on loopback: PostgreSQL (scripts/test starts it) and the suite's own Redis."""
+"""The real services the integration tests rely on answer on loopback: PostgreSQL (scripts/test
+starts it) and the suite's own Redis."""
 
 from __future__ import annotations
 
