@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
+from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.routes import find_route_inbox
@@ -80,6 +81,7 @@ class SendContext:
     sleep: Callable[[float], None] = time.sleep
     max_inline_wait_s: float = 2.0  # a shorter limiter wait is slept through; a longer one retries the task
     enqueuer: Enqueuer | None = None  # publishes the fallback's send task; None: the sweep publishes it
+    breaker: Breaker = field(default_factory=LocalBreaker)  # shared through Redis in workers (make_breaker)
 
 
 def limits_of(settings: Settings) -> dict[str, Limit]:
@@ -101,6 +103,17 @@ def make_limiter(settings: Settings) -> Limiter:
     import redis
 
     return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{settings.account_id}:")
+
+
+def make_breaker(settings: Settings) -> Breaker:
+    """Shared through Redis when there is one (as the limiter); per process in the embedded setup."""
+    plan = BreakerPlan(base_s=settings.breaker_base_s, cap_s=max(settings.breaker_cap_s, settings.breaker_base_s))
+    redis_url = settings.limiter_redis_url
+    if redis_url is None:
+        return LocalBreaker(plan)
+    import redis
+
+    return RedisBreaker(redis.Redis.from_url(redis_url), plan, key_prefix=f"dispatcher:{settings.account_id}:")
 
 
 def retry_plan_of(settings: Settings) -> RetryPlan:

@@ -25,6 +25,11 @@ SEND_LATENCY = Histogram(
 )
 SEND_RESULTS = Counter("dispatcher_send_results_total", "Runs of the send task by result.", ["result"])
 API_ERRORS = Counter("dispatcher_api_errors_total", "Workspace API errors by kind and operation.", ["kind", "operation"])
+WORKSPACE_PAUSES = Counter(
+    "dispatcher_workspace_pauses_total",
+    "Times every worker stopped calling the workspace (the circuit breaker opened), by reason: auth, unreachable.",
+    ["reason"],
+)
 WEBHOOK_VERDICTS = Counter("dispatcher_webhook_verdicts_total", "Webhook deliveries by verdict.", ["verdict"])
 FALLBACK_DECISIONS = Counter("dispatcher_fallback_decisions_total", "Single fallback decisions taken.", ["decision"])
 OUTCOMES = Counter("dispatcher_outcomes_total", "Webhook outcomes applied, by result.", ["result"])

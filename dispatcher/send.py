@@ -14,6 +14,7 @@ message ID and status. No Celery here: the caller turns a :class:`SendResult` in
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -26,6 +27,7 @@ from dispatcher.api import ApiError, Message
 from dispatcher.context import SendContext
 from dispatcher.errors import InvalidEvent
 from dispatcher.lifecycle import moves
+from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.retry import Decision, DecisionKind, decide
@@ -65,6 +67,7 @@ class SendResult:
     delay_s: float = 0.0
     deferred: bool = False  # the wait is long: keep it as a due time, not a broker countdown
     message_id: int | None = None
+    paused: bool = False  # the workspace's circuit breaker held this run back
 
 
 @dataclass(frozen=True)
@@ -101,17 +104,25 @@ class _Job:
 
 
 def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
-    """Bring the notification's current attempt one step nearer an accepted message."""
+    """Bring the notification's current attempt one step nearer an accepted message.
+
+    Nothing is called while the workspace's circuit breaker is open (it refused our token, or
+    could not be reached): the notification waits, saying why, until one worker's probe gets
+    through (:mod:`dispatcher.policy.breaker`).
+    """
+    gate = ctx.breaker.gate()
+    if isinstance(gate, Pause):
+        return _wait_for_workspace(notification_id, None, gate, ctx)
     try:
         ctx.inboxes.warm()  # an API call at most once per cache period, never inside a transaction
         job_or_result = _load(notification_id, ctx)
     except ApiError as error:
-        return _apply_before_job(error, ctx)
+        return _apply_before_job(error, notification_id, ctx)
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
     try:
-        return _send(job, ctx)
+        result = _send(job, ctx)
     except Wait as wait:
         return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
     except NotContactable as error:
@@ -120,10 +131,61 @@ def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
         return _fail(job, ctx, "invalid_for_channel", str(error))
     except ApiError as error:  # a step before createMessage: nothing was sent by this try
         return _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
+    if isinstance(gate, Probe) and not result.paused:
+        _breaker_closed(ctx)
+    return result
 
 
-def _apply_before_job(error: ApiError, ctx: SendContext) -> SendResult:
+def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int | None, ctx: SendContext) -> SendResult:
+    """The policy said: the workspace refuses our token or cannot be reached. Trip the breaker for
+    every worker, and wait (not fail)."""
+    pause, opened = ctx.breaker.trip(decision.error_kind, decision.reason)
+    if opened:  # one line per pause, not one per notification
+        log.warning("workspace paused for every worker: %s; trying again in %.0f s",
+                    pause.reason, max(pause.until - time.time(), 0.0))
+        metrics.WORKSPACE_PAUSES.labels(reason=pause.reason).inc()
+    return _wait_for_workspace(notification_id, attempt_id, pause, ctx)
+
+
+def _breaker_closed(ctx: SendContext) -> None:
+    if ctx.breaker.close():
+        log.warning("workspace answers again: every worker goes on sending")
+
+
+def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pause, ctx: SendContext) -> SendResult:
+    """Record why the notification waits and hand it back for when the pause ends; past its send
+    deadline it fails with that reason instead (nothing is lost before then)."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        row = store.load_for_send(session, notification_id)
+        if row is None or row.state not in SENDABLE_NOTIFICATION_STATES:
+            return SendResult(Outcome.SKIPPED, "nothing to send")
+        due = max(row.created_at, row.send_at) if row.send_at is not None else row.created_at
+        if now - due <= timedelta(seconds=ctx.settings.send_deadline_s):
+            moves.wait_for_workspace(session, notification_id=notification_id, attempt_id=attempt_id,
+                                     reason=pause.reason, detail=pause.detail, now=now)
+            wait_s = max(pause.until - time.time(), 1.0)
+            return SendResult(Outcome.RETRY, f"workspace paused ({pause.reason})", delay_s=wait_s, deferred=True,
+                              paused=True)
+        number, route_name = _current_route(row.fallback_decision, row.route, row.fallback_route)
+        route = ctx.settings.routes.get(route_name)
+        attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
+                                     channel=route.channel.value if route else "unknown", now=now)
+        moved = moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt.id,
+                                   error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
+    if moved:
+        detail = f"past the send deadline: {pause.detail}"
+        if number == 1:
+            tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
+        else:
+            tracking.end_after_fallback_failed(notification_id, pause.reason, detail, ctx)
+    return SendResult(Outcome.FAILED, f"{pause.reason}: past the send deadline", paused=True)
+
+
+def _apply_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult:
     decision = decide(error, tries=1, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:
+        return _pause_workspace(decision, notification_id, None, ctx)
     if decision.pause_s > 0:
         ctx.limiter.pause(decision.pause_s)
     return SendResult(Outcome.RETRY, decision.reason, delay_s=max(decision.delay_s, 1.0))
@@ -299,6 +361,8 @@ def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
 
 def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:
     decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:  # refused or never connected: nothing was sent
+        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
     if error.ambiguous:
         # It may exist: the next run looks before it sends (state unknown skips the lease wait).
         no_resend = not decision.resend_allowed or decision.kind is DecisionKind.GIVE_UP
@@ -313,6 +377,8 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
 
 
 def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:
+        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
     if decision.pause_s > 0:
         ctx.limiter.pause(decision.pause_s)
     if decision.kind is DecisionKind.GIVE_UP:

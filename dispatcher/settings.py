@@ -148,6 +148,12 @@ class Settings(BaseSettings):
     retry_max_countdown_s: float = Field(default=120.0, gt=0)  # longer waits become a due time for the sweep
     sweep_interval_s: float = Field(default=5.0, gt=0)
     stale_after_s: float = Field(default=300.0, gt=0)  # a sendable row no task touched this long is queued again
+    # The workspace refuses the token or cannot be reached: every worker waits (a circuit breaker),
+    # first breaker_base_s, doubling up to breaker_cap_s, then one worker tries again.
+    breaker_base_s: float = Field(default=5.0, gt=0)
+    breaker_cap_s: float = Field(default=120.0, gt=0)
+    # A notification not accepted this long after it was due fails, with the reason it waited for.
+    send_deadline_s: float = Field(default=86400.0, gt=0)
     broker_visibility_timeout_s: int = Field(default=3600, gt=0)  # Redis broker: unacked tasks come back after this
 
     # Delivery tracking: reconciliation and the single fallback decision.

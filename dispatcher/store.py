@@ -47,6 +47,7 @@ _LOAD_FOR_SEND = (
         NOTIFICATIONS.c.fallback_route,
         NOTIFICATIONS.c.fallback_decision,
         NOTIFICATIONS.c.created_at,
+        NOTIFICATIONS.c.send_at,
         PAYLOADS.c.body,
     )
     .select_from(NOTIFICATIONS.outerjoin(PAYLOADS, PAYLOADS.c.notification_id == NOTIFICATIONS.c.id))

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # A send that failed before any message existed falls back, except where another route would
 # fail the same way or a person must act first.
-_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "payload_missing", "internal"})
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal"})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from dispatcher.api import WorkspaceClient
-from dispatcher.context import InboxDirectory, SendContext, make_limiter, retry_plan_of
+from dispatcher.context import InboxDirectory, SendContext, make_breaker, make_limiter, retry_plan_of
 from dispatcher.db import session_factory, shared_engine
 from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.settings import Settings, load_settings
@@ -41,6 +41,7 @@ def send_context() -> SendContext:
             inboxes=InboxDirectory(api.list_inboxes),
             plan=retry_plan_of(loaded),
             enqueuer=CeleryEnqueuer(loaded.broker_url),
+            breaker=make_breaker(loaded),
         )
     return _context
 

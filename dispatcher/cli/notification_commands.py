@@ -89,7 +89,7 @@ def list_command(state: str | None, limit: int) -> None:
     for row in rows:
         click.echo(
             f"{row.event_id:<32} {row.state:<12} {row.route:<14} message={row.message_id or '-'}"
-            f" conversation={row.conversation_id or '-'}"
+            f" conversation={row.conversation_id or '-'} error={row.error_kind or '-'}"
         )
     if not rows:
         click.echo("no notifications", err=True)

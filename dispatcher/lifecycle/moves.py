@@ -174,6 +174,25 @@ def mark_unknown(session: Session, *, attempt_id: int, now: datetime, no_resend_
     ))
 
 
+def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: int | None, reason: str, detail: str,
+                       now: datetime) -> None:
+    """The workspace refused the token or could not be reached: the attempt (if the run had one)
+    goes back to queued without counting this try, and the notification shows why it waits."""
+    if attempt_id is not None:
+        session.execute(
+            update(ATTEMPTS)
+            .where(ATTEMPTS.c.id == attempt_id,
+                   ATTEMPTS.c.state.in_(_starts_for("wait_for_workspace", "attempt", AttemptState.QUEUED)))
+            .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now,
+                    tries=case((ATTEMPTS.c.tries > 0, ATTEMPTS.c.tries - 1), else_=0))
+        )
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("wait_for_workspace", "notification")))
+        .values(error_kind=reason, error_detail=_detail(detail), updated_at=now)
+    )
+
+
 def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
                  now: datetime) -> bool:
     """The attempt ends without a message; the notification keeps the reason (its decision follows)."""

@@ -5,6 +5,10 @@ due-time row when ``deferred``), ``check_then_retry`` means "read the conversati
 and adopt the message if it is there" before anything else, ``give_up`` a final state with
 ``error_kind`` recorded. Rules, in order:
 
+0. The workspace refused our token (401/403) or could not be reached at all (no connection):
+   ``pause_workspace`` with ``error_kind`` ``auth`` or ``unreachable`` and a plain-words
+   ``reason``. The caller trips the shared circuit breaker (:mod:`dispatcher.policy.breaker`):
+   every worker waits, the notification says why, and the try is not counted.
 1. Not an :class:`~dispatcher.api.errors.ApiError` (a bug, a database error): ``give_up`` as
    ``internal``. Retrying our own bug only repeats it; the task's crash handling (late acks)
    still covers a process that died.
@@ -37,6 +41,7 @@ from enum import StrEnum
 
 from dispatcher.api import errors as api_errors
 from dispatcher.policy.backoff import backoff_s
+from dispatcher.policy.breaker import pause_reason
 
 __all__ = ["Decision", "DecisionKind", "RetryPlan", "classify_error", "decide", "is_final"]
 
@@ -64,6 +69,7 @@ class DecisionKind(StrEnum):
     RETRY = "retry"
     CHECK_THEN_RETRY = "check_then_retry"  # look for the message before any resend
     GIVE_UP = "give_up"
+    PAUSE_WORKSPACE = "pause_workspace"  # stop calling the workspace, every worker; nothing was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,9 @@ def decide(error: BaseException, *, tries: int, plan: RetryPlan, rng: random.Ran
     """The decision after try number ``tries`` failed with ``error`` (rules in the module doc)."""
     if tries < 1:
         raise ValueError("tries counts the failed try too: it is >= 1")
+    paused = pause_reason(error)
+    if paused is not None:
+        return Decision(DecisionKind.PAUSE_WORKSPACE, 0.0, paused[1], paused[0], resend_allowed=False)
     code = classify_error(error)
     if not isinstance(error, api_errors.ApiError):
         return Decision(DecisionKind.GIVE_UP, 0.0, f"internal error {type(error).__name__}",

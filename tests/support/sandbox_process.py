@@ -184,6 +184,7 @@ def running_sandbox(
     *,
     profile: str | None = None,
     state_file: Path | None = None,
+    port: int | None = None,
     extra_args: Sequence[str] = (),
     startup_timeout_s: float = 10.0,
     attempts: int = 3,
@@ -193,8 +194,9 @@ def running_sandbox(
     ``config_text`` is TOML in the format of ``sandbox/seed.default.toml``; sections it leaves out keep
     their defaults. ``profile``: None runs the default (stock), as users meet it; "contract" for
     tests of tolerance. State is kept in ``state_file`` (default: a file in a temporary folder, so
-    every test runs with persistence on, as users do). A port taken between choosing and binding is
-    retried up to ``attempts`` times.
+    every test runs with persistence on, as users do). ``port``: this one (a restart on the same
+    address); by default a free one, and a port taken between choosing and binding is retried up to
+    ``attempts`` times.
     """
     with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
         tmp_dir = Path(tmp)
@@ -209,18 +211,18 @@ def running_sandbox(
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         last_error = ""
         for attempt in range(attempts):
-            port = free_port()
+            chosen = port or free_port()
             stderr_path = tmp_dir / f"stderr-{attempt}.log"
             with stderr_path.open("wb") as stderr_file:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "sandbox", "--host", "127.0.0.1", "--port", str(port), *args],
+                    [sys.executable, "-m", "sandbox", "--host", "127.0.0.1", "--port", str(chosen), *args],
                     cwd=REPO_ROOT,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr_file,
                 )
-            handle = SandboxProcess(proc=proc, port=port, stderr_path=stderr_path)
+            handle = SandboxProcess(proc=proc, port=chosen, stderr_path=stderr_path)
             if _wait_healthy(proc, handle.base_url, timeout_s=startup_timeout_s):
                 break
             _stop(proc)

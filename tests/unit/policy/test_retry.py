@@ -21,16 +21,13 @@ RETRY, CHECK, GIVE_UP = DecisionKind.RETRY, DecisionKind.CHECK_THEN_RETRY, Decis
 
 # error, expected kind, error_kind, resend_allowed (on the first try)
 TABLE: list[tuple[BaseException, DecisionKind, str, bool]] = [
-    (NotSent(OP, detail="ConnectError"), RETRY, "not_sent", True),
+    (NotSent(OP, detail="PoolTimeout"), RETRY, "not_sent", True),
     (NotSent("listMessages", detail="ReadTimeout"), RETRY, "not_sent", True),
     (OutcomeUnknown(OP, detail="ReadTimeout"), CHECK, "outcome_unknown", True),
     (ServerError("listInboxes", status_code=500), RETRY, "server_error", True),
     (ServerError(OP, status_code=502, ambiguous=True), CHECK, "server_error", True),
     (RateLimited(OP), RETRY, "rate_limited", True),
     (RateLimited(OP, retry_after_s=5.0), RETRY, "rate_limited", True),
-    (Unauthorized(OP, status_code=401), GIVE_UP, "access_denied", False),
-    (Forbidden(OP, status_code=403), GIVE_UP, "access_denied", False),
-    (AccessDenied(OP, status_code=403), GIVE_UP, "access_denied", False),
     (NotFound(OP, status_code=404), GIVE_UP, "not_found", False),
     (Rejected(OP, status_code=400), GIVE_UP, "rejected", False),
     (Rejected(OP, status_code=422), GIVE_UP, "rejected", False),
@@ -41,6 +38,21 @@ TABLE: list[tuple[BaseException, DecisionKind, str, bool]] = [
     (RuntimeError("boom"), GIVE_UP, "internal", False),
     (StateConflict("lost the race"), GIVE_UP, "internal", False),
 ]
+
+
+@pytest.mark.parametrize(("error", "error_kind"), [
+    (Unauthorized(OP, status_code=401), "auth"),
+    (Forbidden(OP, status_code=403), "auth"),
+    (AccessDenied(OP, status_code=403), "auth"),
+    (NotSent(OP, detail="ConnectError"), "unreachable"),
+    (NotSent("listInboxes", detail="ConnectTimeout"), "unreachable"),
+])
+def test_a_refused_token_or_no_connection_pauses_the_workspace(error: BaseException, error_kind: str) -> None:
+    # at any try: the breaker waits for the workspace, the try is not the notification's fault
+    for tries in (1, PLAN.max_tries + 5):
+        decision = decide(error, tries=tries, plan=PLAN, rng=random.Random(1))
+        assert (decision.kind, decision.error_kind, decision.resend_allowed) == (DecisionKind.PAUSE_WORKSPACE, error_kind, False)
+        assert "check DISPATCHER_" in decision.reason
 
 
 @pytest.mark.parametrize(("error", "kind", "error_kind", "resend_allowed"), TABLE,

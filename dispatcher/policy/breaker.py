@@ -1,0 +1,171 @@
+"""A circuit breaker per workspace: when it refuses our token or cannot be reached, every worker waits.
+
+Sending on while the workspace refuses the token (401/403) or does not answer (no connection)
+only makes a storm of failing requests and burns every notification's tries; a person must act
+(fix the token) or the network must come back. So the first such failure *trips* the breaker:
+for a while no worker calls the workspace, notifications wait (visibly, with the reason), and
+when the while is over exactly one worker *probes* with a real call. A success closes the breaker
+and everyone carries on; a failure trips it again, for longer (exponential backoff with jitter,
+capped). Nothing is lost: a notification fails with that reason only at its send deadline.
+
+Two implementations, like the rate limiter: :class:`RedisBreaker` (shared by every worker on
+every host) and :class:`LocalBreaker` (one process, the embedded setup).
+
+:func:`pause_reason` says which errors trip it; :func:`dispatcher.policy.retry.decide` turns them
+into a ``pause_workspace`` decision. Times are unix seconds.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from dispatcher.api import errors as api_errors
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["Breaker", "BreakerPlan", "LocalBreaker", "Pause", "Probe", "RedisBreaker", "pause_reason"]
+
+PROBE_LEASE_S = 30.0  # a probing worker that died frees the probe after this
+_CONNECT_FAILURES = frozenset({"ConnectError", "ConnectTimeout"})
+
+
+def pause_reason(error: BaseException) -> tuple[str, str] | None:
+    """``(error_kind, error_detail)`` for an error that means "stop calling this workspace", else None.
+
+    The detail is plain words for an operator: what happened and what to check. It names the
+    setting, never its value.
+    """
+    if isinstance(error, api_errors.AccessDenied):
+        status = getattr(error, "status_code", None)
+        if status == 403:
+            return "auth", "the API token has no access to the account (HTTP 403): check DISPATCHER_ACCOUNT_ID and the token's access"
+        return "auth", "the workspace refused the API token (HTTP 401): check DISPATCHER_API_TOKEN"
+    if isinstance(error, api_errors.NotSent) and error.detail in _CONNECT_FAILURES:
+        return "unreachable", f"the workspace did not answer at its address ({error.detail}): check DISPATCHER_API_URL and the network"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPlan:
+    """Backoff of the pauses: ``base_s`` after the first failure, doubling, at most ``cap_s``."""
+
+    base_s: float = 5.0
+    cap_s: float = 120.0
+
+    def pause_s(self, trips: int, rng: random.Random) -> float:
+        """The pause after the ``trips``-th failure in a row: full at the cap, with 20 % jitter below."""
+        return min(self.base_s * 2 ** max(trips - 1, 0), self.cap_s) * rng.uniform(0.8, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """The breaker is open: call nothing before ``until``."""
+
+    reason: str  # the error_kind: "auth" or "unreachable"
+    detail: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The breaker was open and this caller may make the one call that tests it: close it on success."""
+
+
+class Breaker(Protocol):
+    def gate(self) -> Pause | Probe | None:
+        """None: closed, call freely. A Probe: this caller makes the test call. A Pause: wait."""
+        ...
+
+    def trip(self, reason: str, detail: str) -> tuple[Pause, bool]:
+        """Open (or keep open, for longer) after a failure; True when this call opened it."""
+        ...
+
+    def close(self) -> bool:
+        """A call got through; True when the breaker was open (the pause is over)."""
+        ...
+
+
+class LocalBreaker:
+    """One process's breaker (the embedded setup): thread-safe, nothing shared."""
+
+    def __init__(self, plan: BreakerPlan = BreakerPlan(), *, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self.plan, self._clock, self._rng = plan, clock, rng or random.Random()
+        self._lock = threading.Lock()
+        self._pause: Pause | None = None
+        self._trips = 0
+        self._probe_until = 0.0
+
+    def gate(self) -> Pause | Probe | None:
+        with self._lock:
+            if self._pause is None:
+                return None
+            now = self._clock()
+            if now < self._pause.until or now < self._probe_until:
+                return self._pause if now < self._pause.until else Pause(self._pause.reason, self._pause.detail, self._probe_until)
+            self._probe_until = now + PROBE_LEASE_S
+            return Probe()
+
+    def trip(self, reason: str, detail: str) -> tuple[Pause, bool]:
+        with self._lock:
+            opened = self._pause is None
+            self._trips += 1
+            self._pause = Pause(reason, detail, self._clock() + self.plan.pause_s(self._trips, self._rng))
+            self._probe_until = 0.0
+            return self._pause, opened
+
+    def close(self) -> bool:
+        with self._lock:
+            was_open = self._pause is not None
+            self._pause, self._trips, self._probe_until = None, 0, 0.0
+            return was_open
+
+
+_TRIP_LUA = """
+local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
+local pause_ms = math.min(tonumber(ARGV[2]) * 2 ^ (trips - 1), tonumber(ARGV[3])) * tonumber(ARGV[4])
+local until_ms = tonumber(ARGV[1]) + math.floor(pause_ms)
+redis.call('HSET', KEYS[1], 'reason', ARGV[5], 'detail', ARGV[6], 'until', until_ms)
+redis.call('PEXPIRE', KEYS[1], math.floor(pause_ms) + 86400000)
+redis.call('DEL', KEYS[2])
+return {trips, until_ms}
+"""
+
+
+class RedisBreaker:
+    """The breaker every worker shares through Redis: one hash (reason, detail, until, trips) and a
+    probe key taken with ``SET NX``, so after a pause exactly one worker calls the workspace."""
+
+    def __init__(self, client: redis.Redis, plan: BreakerPlan = BreakerPlan(), *, key_prefix: str,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
+        self.plan, self._client, self._clock, self._rng = plan, client, clock, rng or random.Random()
+        self._key, self._probe_key = key_prefix + "breaker", key_prefix + "breaker:probe"
+        self._trip = client.register_script(_TRIP_LUA)
+
+    def gate(self) -> Pause | Probe | None:
+        fields = self._client.hmget(self._key, "reason", "detail", "until")
+        if fields[2] is None:
+            return None
+        reason, detail = (value.decode() if isinstance(value, bytes) else str(value) for value in fields[:2])
+        until = int(fields[2]) / 1000.0
+        now = self._clock()
+        if now < until:
+            return Pause(reason, detail, until)
+        if self._client.set(self._probe_key, b"1", nx=True, px=int(PROBE_LEASE_S * 1000)):
+            return Probe()
+        return Pause(reason, detail, now + PROBE_LEASE_S / 2)  # another worker is probing
+
+    def trip(self, reason: str, detail: str) -> tuple[Pause, bool]:
+        jitter = self._rng.uniform(0.8, 1.0)
+        trips, until_ms = self._trip(keys=[self._key, self._probe_key], args=[
+            int(self._clock() * 1000), int(self.plan.base_s * 1000), int(self.plan.cap_s * 1000), jitter, reason, detail])
+        return Pause(reason, detail, int(until_ms) / 1000.0), int(trips) == 1
+
+    def close(self) -> bool:
+        return bool(self._client.delete(self._key, self._probe_key))
