@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.api import errors as api_errors
 
@@ -60,7 +60,7 @@ class BreakerPlan:
 
     def pause_s(self, trips: int, rng: random.Random) -> float:
         """The pause after the ``trips``-th failure in a row: full at the cap, with 20 % jitter below."""
-        return min(self.base_s * 2 ** max(trips - 1, 0), self.cap_s) * rng.uniform(0.8, 1.0)
+        return float(min(self.base_s * 2 ** max(trips - 1, 0), self.cap_s) * rng.uniform(0.8, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +149,7 @@ class RedisBreaker:
         self._trip = client.register_script(_TRIP_LUA)
 
     def gate(self) -> Pause | Probe | None:
-        fields = self._client.hmget(self._key, "reason", "detail", "until")
+        fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until"])  # type: ignore[assignment]
         if fields[2] is None:
             return None
         reason, detail = (value.decode() if isinstance(value, bytes) else str(value) for value in fields[:2])
