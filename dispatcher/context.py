@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.api import Inbox, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
+from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.routes import find_route_inbox
@@ -114,6 +115,11 @@ def make_breaker(settings: Settings) -> Breaker:
     import redis
 
     return RedisBreaker(redis.Redis.from_url(redis_url), plan, key_prefix=f"dispatcher:{settings.account_id}:")
+
+
+def readback_plan_of(settings: Settings) -> ReadBackPlan:
+    return ReadBackPlan(first_after_s=settings.reconcile_after_s, max_interval_s=settings.reconcile_max_interval_s,
+                        horizon_s=settings.reconcile_horizon_s)
 
 
 def retry_plan_of(settings: Settings) -> RetryPlan:

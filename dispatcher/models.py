@@ -118,6 +118,7 @@ class Attempt(Base):
     in_flight_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     status_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    next_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # reconciliation's next read; None: none
     error_kind: Mapped[str | None] = mapped_column(String(40))
     error_detail: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -24,12 +24,13 @@ from sqlalchemy.orm import Session
 
 from dispatcher import metrics, store, tracking
 from dispatcher.api import ApiError, Message
-from dispatcher.context import SendContext
+from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.errors import InvalidEvent
 from dispatcher.lifecycle import moves
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.ratelimit import route_bucket
+from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
 from dispatcher.recover import find_sent_message
 from dispatcher.resolve import (
@@ -401,7 +402,9 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
     with ctx.sessions.begin() as session:
         store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
         accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
-                                message_id=message.id, state=state, now=now)
+                                message_id=message.id, state=state, now=now,
+                                next_read_at=next_read_at(state=state, accepted_at=now, now=now,
+                                                          plan=readback_plan_of(ctx.settings)))
         if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
         if job.drops_payload_on_acceptance:

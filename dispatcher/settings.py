@@ -157,7 +157,12 @@ class Settings(BaseSettings):
     broker_visibility_timeout_s: int = Field(default=3600, gt=0)  # Redis broker: unacked tasks come back after this
 
     # Delivery tracking: reconciliation and the single fallback decision.
-    reconcile_after_s: float = Field(default=600.0, gt=0)  # an attempt unconfirmed this long is read back
+    # An unconfirmed attempt is read back reconcile_after_s after its last news, then ever less
+    # often (a quarter of its age, at most reconcile_max_interval_s apart), until reconcile_horizon_s
+    # after its acceptance: a lost webhook's outcome is learned within reconcile_max_interval_s.
+    reconcile_after_s: float = Field(default=60.0, gt=0)
+    reconcile_max_interval_s: float = Field(default=300.0, gt=0)
+    reconcile_horizon_s: float = Field(default=3600.0, gt=0)
     fallback_codes: list[str] = Field(default_factory=lambda: ["131026"])  # external_error codes that fall back
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
     unknown_error_falls_back: bool = True  # a failure with another code, or none

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
+from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.models import (
     AppliedStatus,
     Attempt,
@@ -386,9 +387,26 @@ def open_service_window(session: Session, *, account_id: int, contact_id: int, i
     )
 
 
-def mark_checked(session: Session, attempt_id: int, *, now: datetime) -> None:
-    """Reconciliation read the attempt's message: the next read waits a full period again."""
-    session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(status_at=now))
+def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> None:
+    """When reconciliation reads the attempt back next (None: never again)."""
+    session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(next_read_at=at))
+
+
+def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> list[int]:
+    """Attempts whose read back is due, oldest first; an attempt whose fallback has been decided
+    is left alone (the first attempt of a notification with a decision)."""
+    return list(session.scalars(
+        select(Attempt.id)
+        .join(Notification, Notification.id == Attempt.notification_id)
+        .where(
+            Attempt.state.in_(sorted(READ_BACK_STATES)),
+            Attempt.message_id.is_not(None),
+            Attempt.next_read_at <= now,
+            or_(Attempt.number == 2, Notification.fallback_decision.is_(None)),
+        )
+        .order_by(Attempt.next_read_at)
+        .limit(limit)
+    ))
 
 
 def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[int]:

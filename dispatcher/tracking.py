@@ -14,15 +14,15 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
 
 from dispatcher import metrics, store
 from dispatcher.api import ApiError
-from dispatcher.context import SendContext
+from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import moves
-from dispatcher.models import Attempt, Notification, utcnow
+from dispatcher.models import Attempt, Notification
 from dispatcher.policy.fallback import FallbackRules, classify_failure
+from dispatcher.policy.readback import next_read_at
 from dispatcher.lifecycle.states import AttemptState, advance, attempt_state_from_status
 from dispatcher.resolve import call_api
 from dispatcher.webhooks.events import EventSummary
@@ -118,9 +118,11 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str
         new = advance(current, reported)
         if new == current:
             return "stale"
+        read_next = next_read_at(state=new, accepted_at=attempt.accepted_at or now, now=now,
+                                 plan=readback_plan_of(ctx.settings))
         if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
                                     attempt_number=attempt.number, current=current, new=new,
-                                    external_error=outcome.external_error, now=now):
+                                    external_error=outcome.external_error, now=now, next_read_at=read_next):
             return "stale"  # a concurrent outcome moved it first; its own run carries on from there
         notification = session.get(Notification, attempt.notification_id)
         assert notification is not None
@@ -223,38 +225,32 @@ def end_after_fallback_failed(notification_id: int, error_kind: str, error_detai
 
 
 def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
-    """Read an unconfirmed attempt's message back and apply what the service says."""
+    """Read an unconfirmed attempt's message back and apply what the service says; schedule the
+    next read (backing off with the attempt's age, none past the horizon), also after a failed read."""
     with ctx.sessions() as session:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.message_id is None:
             return "ignored"
         message_id, conversation_id = attempt.message_id, attempt.conversation_id
+        state, accepted_at = AttemptState(attempt.state), attempt.accepted_at
     try:
         found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
     except ApiError as error:
         log.warning("reconciling attempt %s: %s", attempt_id, type(error).__name__)
-        return "unreadable"
+        found, result = None, "unreadable"
+    else:
+        result = "no_status"
+    now = ctx.clock()
     with ctx.sessions.begin() as session:
-        store.mark_checked(session, attempt_id, now=utcnow())
+        store.schedule_read(session, attempt_id, at=next_read_at(state=state, accepted_at=accepted_at or now, now=now,
+                                                                  plan=readback_plan_of(ctx.settings)))
     if found is None or found.status is None:
-        return "no_status"
+        return result
     return apply_outcome(found, ctx, enqueuer)
 
 
 def attempts_to_reconcile(ctx: SendContext, *, limit: int) -> list[int]:
-    from datetime import timedelta
-
-    cutoff = ctx.clock() - timedelta(seconds=ctx.settings.reconcile_after_s)
+    """Attempts due for a read back: not yet read or failed, still the notification's current
+    attempt with no fallback decided, and within their horizon (their next read is set)."""
     with ctx.sessions() as session:
-        return list(
-            session.scalars(
-                select(Attempt.id)
-                .where(
-                    Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
-                    Attempt.message_id.is_not(None),
-                    Attempt.status_at < cutoff,
-                )
-                .order_by(Attempt.status_at)
-                .limit(limit)
-            )
-        )
+        return store.attempts_due_for_read(session, now=ctx.clock(), limit=limit)

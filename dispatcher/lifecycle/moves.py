@@ -216,12 +216,13 @@ def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, err
 
 
 def accept(session: Session, *, notification_id: int, attempt_id: int, message_id: int, state: AttemptState,
-           now: datetime) -> Accepted | None:
-    """The workspace took the message: record its ID and first status on the attempt and the notification."""
+           now: datetime, next_read_at: datetime | None) -> Accepted | None:
+    """The workspace took the message: record its ID and first status on the attempt and the
+    notification, and when reconciliation reads it back first (None: never, it is settled)."""
     row = session.execute(
         update(ATTEMPTS)
         .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("accept", "attempt", state)))
-        .values(state=state, message_id=message_id, accepted_at=now, status_at=now,
+        .values(state=state, message_id=message_id, accepted_at=now, status_at=now, next_read_at=next_read_at,
                 updated_at=now, content_hash=None, lease_until=None, error_kind=None, error_detail=None)
         .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
     ).one_or_none()
@@ -239,12 +240,14 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
 
 
 def record_outcome(session: Session, *, notification_id: int, attempt_id: int, attempt_number: int,
-                   current: AttemptState, new: AttemptState, external_error: str | None, now: datetime) -> bool:
+                   current: AttemptState, new: AttemptState, external_error: str | None, now: datetime,
+                   next_read_at: datetime | None = None) -> bool:
     """Move the attempt from ``current`` to the later ``new``; mirror it on the notification while
-    the attempt is the current one (the first, or the fallback once decided) and did not fail."""
+    the attempt is the current one (the first, or the fallback once decided) and did not fail.
+    ``next_read_at``: when reconciliation reads it back next, after this news (None: never)."""
     if current not in _starts_for("record_outcome", "attempt", new) or advance(current, new) != new:
         return False  # forward only; a failure after delivery is not one (the table has no such edge)
-    values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now}
+    values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now, "next_read_at": next_read_at}
     if new is AttemptState.FAILED:
         values.update(error_kind="external_error", error_detail=_detail(external_error))
     moved = session.execute(

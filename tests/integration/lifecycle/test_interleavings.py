@@ -124,7 +124,7 @@ class Lifecycle(RuleBasedStateMachine):
             _, attempt = self._current(session)
             if attempt is not None:
                 moves.accept(session, notification_id=self.notification_id, attempt_id=attempt.id,
-                             message_id=next(MESSAGES), state=status, now=self.now)
+                             message_id=next(MESSAGES), state=status, now=self.now, next_read_at=None)
 
     @rule(kind=SEND_FAILURES)
     def a_worker_gives_up(self, kind: str) -> None:

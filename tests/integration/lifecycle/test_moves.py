@@ -145,10 +145,10 @@ def test_accept_records_the_message_on_both_and_only_once(sessions: sessionmaker
     notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
     with sessions.begin() as session:
         accepted = moves.accept(session, notification_id=notification_id, attempt_id=attempt_id, message_id=41,
-                                state=A.SENT, now=NOW)
+                                state=A.SENT, now=NOW, next_read_at=None)
         assert accepted is not None and accepted.channel == "messaging_platform"
         assert moves.accept(session, notification_id=notification_id, attempt_id=attempt_id, message_id=42,
-                            state=A.SENT, now=NOW) is None
+                            state=A.SENT, now=NOW, next_read_at=None) is None
     assert states(sessions, notification_id) == (N.SENT, [A.SENT])
     notification = notification_of(sessions, notification_id)
     assert (notification.message_id, notification.delivery_state, notification.accepted_at is not None) == (41, "sent", True)

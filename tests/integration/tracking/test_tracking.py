@@ -192,6 +192,41 @@ def test_reconciliation_brings_lost_webhooks_to_the_true_state(
         assert delivered not in enqueuer.sent
 
 
+def test_reconciliation_follows_a_delivered_message_through_to_read_and_then_stops(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
+        _send(ctx, reminder("trk-read", identifier="trk-p11", phone="+15550400011"))
+        message_id = intake.status(ctx.sessions, "trk-read").message_id
+        assert message_id is not None
+        # the delivered webhook came; the read one was lost
+        assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"
+        _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.05)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.reconciled == {"applied_read": 1}
+        assert intake.status(ctx.sessions, "trk-read").state == "read"
+        # and a read attempt is settled: it is not read again
+        time.sleep(0.05)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {}
+
+
+def test_an_attempt_whose_fallback_was_decided_is_not_read_back_again(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes, reconcile_after_s=0.01):
+        _send(ctx, reminder("trk-decided", identifier="trk-p12", phone="+15550207012"))  # stays "sent"
+        time.sleep(0.3)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).deadline_decisions == {"fallback": 1}
+        reads_before = sandbox.stats()["calls"].get("listMessages", 0)
+        time.sleep(0.05)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.reconciled == {}  # the first attempt's fallback is decided: no more reads of it
+        assert sandbox.stats()["calls"].get("listMessages", 0) == reads_before
+
+
 def test_an_unconfirmed_attempt_gets_the_deadline_decision(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:

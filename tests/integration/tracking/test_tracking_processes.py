@@ -225,3 +225,16 @@ def test_with_every_webhook_dropped_reconciliation_finds_the_truth(stack_factory
         assert stack.status("quiet-fail").fallback_decision == "fallback"
         assert stack.status("quiet-fail").attempts[0].state == "failed"
         assert _sms_messages_for(sandbox, "quiet-fail") == 1
+
+
+def test_at_the_default_settings_a_lost_webhook_is_settled_within_minutes(stack_factory: Any) -> None:
+    # Given the shipped reconciliation settings (first read a minute after the last news) and a
+    # workspace whose every webhook is lost (a stock workspace never retries one)
+    with running_sandbox(NO_WEBHOOKS) as sandbox:
+        stack = stack_factory(sandbox, consumers=1)
+        stack.dispatcher.notify(reminder("default-quiet", identifier="t-q3", phone="+15550501103"))
+        wait_until(lambda: stack.status("default-quiet").message_id is not None, timeout_s=30, what="the send")
+        # Then reading the message list brings it to its true state, read, without any webhook
+        wait_until(lambda: stack.status("default-quiet").state == "read", timeout_s=150,
+                   what="reconciliation at the default settings")
+        assert sandbox.stats()["webhooks"].get("delivered", 0) == 0
