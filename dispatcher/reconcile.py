@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,6 +22,8 @@ from dispatcher import metrics, store, tracking
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
 from dispatcher.webhooks.events import EventSummary
+
+log = logging.getLogger(__name__)
 
 BATCH = 100
 DELIVERY_GRACE_S = 30.0  # a delivery's own task normally runs within this
@@ -61,19 +65,42 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
 
 
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
-    """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent)."""
-    with ctx.sessions() as session:
+    """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent).
+
+    Each run counts a try on the row. A run that fails keeps the error's kind on the row and
+    raises (a Wait is retried soon by the task; anything else waits for the tracking sweep to
+    publish the row again); past ``delivery_max_tries`` the delivery is set aside, with its reason,
+    and never tried again: no single event can stop the consumer. Reconciliation still reads the
+    message's state back, so setting a delivery aside loses no outcome.
+    """
+    with ctx.sessions.begin() as session:
+        tries = store.count_delivery_try(session, delivery_row_id)
+        if tries is None:
+            return "already_processed" if store.load_delivery(session, delivery_row_id) is not None else "missing"
         delivery = store.load_delivery(session, delivery_row_id)
-        if delivery is None:
-            return "missing"
-        if delivery.processed_at is not None:
-            return "already_processed"
-        # Back to the typed record the receiver stored, so times are datetimes again, not JSON strings.
-        try:
-            summary: EventSummary | None = EventSummary.model_validate(delivery.summary)
-        except ValidationError:
-            summary = None  # not written by this version's receiver: retrying cannot make it readable
-    outcome = tracking.apply_event(summary, ctx, enqueuer) if summary is not None else "ignored_unreadable"
+        assert delivery is not None
+        if tries > ctx.settings.delivery_max_tries:
+            store.mark_delivery_processed(session, delivery_row_id, outcome="set_aside", now=ctx.clock())
+            last_error = delivery.last_error
+        else:
+            last_error = None
+            raw_summary = dict(delivery.summary)
+    if tries > ctx.settings.delivery_max_tries:
+        log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, tries - 1,
+                    last_error or "unknown")
+        metrics.OUTCOMES.labels(result="set_aside").inc()
+        return "set_aside"
+    # Back to the typed record the receiver stored, so times are datetimes again, not JSON strings.
+    try:
+        summary: EventSummary | None = EventSummary.model_validate(raw_summary)
+    except ValidationError:
+        summary = None  # not written by this version's receiver: retrying cannot make it readable
+    try:
+        outcome = tracking.apply_event(summary, ctx, enqueuer) if summary is not None else "ignored_unreadable"
+    except Exception as error:
+        with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
+            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__)
+        raise
     metrics.OUTCOMES.labels(result=outcome).inc()
     with ctx.sessions.begin() as session:
         store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())

@@ -163,6 +163,9 @@ class Settings(BaseSettings):
     reconcile_after_s: float = Field(default=60.0, gt=0)
     reconcile_max_interval_s: float = Field(default=300.0, gt=0)
     reconcile_horizon_s: float = Field(default=3600.0, gt=0)
+    # A webhook delivery the consumer failed to apply this many times is set aside (outcome
+    # "set_aside", with its last error): no single event can stop the others.
+    delivery_max_tries: int = Field(default=10, gt=0)
     fallback_codes: list[str] = Field(default_factory=lambda: ["131026"])  # external_error codes that fall back
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
     unknown_error_falls_back: bool = True  # a failure with another code, or none

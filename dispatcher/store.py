@@ -462,6 +462,22 @@ def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | N
     return session.get(WebhookDelivery, delivery_row_id)
 
 
+def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
+    """One more consumer run of an unprocessed delivery: its try number, or None when it is done."""
+    deliveries = WebhookDelivery.__table__
+    return session.execute(
+        update(deliveries)
+        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
+        .values(tries=deliveries.c.tries + 1)
+        .returning(deliveries.c.tries)
+    ).scalar_one_or_none()
+
+
+def note_delivery_error(session: Session, delivery_row_id: int, *, error: str) -> None:
+    deliveries = WebhookDelivery.__table__
+    session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(last_error=error[:80]))
+
+
 def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
     deliveries = WebhookDelivery.__table__
     result = session.execute(

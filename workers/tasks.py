@@ -16,6 +16,7 @@ from dispatcher.metrics import SEND_RESULTS
 from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
 from dispatcher.retention import purge
 from dispatcher.reconcile import process_delivery, tracking_sweep
+from dispatcher.resolve import Wait
 from dispatcher.send import Outcome, send_notification
 from dispatcher.sweep import sweep as run_sweep
 from workers import runtime
@@ -50,10 +51,16 @@ def sweep() -> int:
     )
 
 
-@app.task(name=OUTCOME_TASK, ignore_result=True)
-def outcome(delivery_row_id: int) -> str:
-    """Apply one recorded webhook delivery (at least once; (message, status) applies once)."""
-    return process_delivery(int(delivery_row_id), runtime.send_context(), runtime.enqueuer())
+@app.task(name=OUTCOME_TASK, bind=True, ignore_result=True, max_retries=None)
+def outcome(self: Task, delivery_row_id: int) -> str:
+    """Apply one recorded webhook delivery (at least once; (message, status) applies once).
+
+    A limiter wait is retried after the wait; every run counts a try on the delivery, which is
+    set aside past ``delivery_max_tries``, so this cannot loop forever."""
+    try:
+        return process_delivery(int(delivery_row_id), runtime.send_context(), runtime.enqueuer())
+    except Wait as wait:
+        raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
 
 
 @app.task(name=TRACKING_SWEEP_TASK, ignore_result=True)

@@ -14,16 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from dispatcher import intake, store
+from dispatcher.api import NotFound
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
-from dispatcher.reconcile import tracking_sweep
-from dispatcher.request import parse_request
-from dispatcher.send import Outcome
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
+from dispatcher.models import Attempt, WebhookDelivery
+from dispatcher.reconcile import process_delivery, tracking_sweep
+from dispatcher.request import parse_request
+from dispatcher.send import Outcome
 from dispatcher.tracking import apply_event
+from dispatcher.webhooks.deliveries import NewDelivery, record_deliveries
 from dispatcher.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
@@ -324,3 +328,32 @@ def test_a_failure_left_undecided_by_a_killed_consumer_is_decided_by_the_sweep(
     assert record.fallback_decision == "fallback" and record.fallback_reason == "undeliverable (131026)"
     assert tracking_sweep(context, enqueuer, enqueuer.enqueue_outcome).repaired == 0
     assert enqueuer.sent == [notification_id]
+
+
+def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_others_go_on(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, delivery_max_tries=3):
+        _send(ctx, reminder("trk-poison", identifier="trk-p13", phone="+15550400013"))
+        message_id = intake.status(ctx.sessions, "trk-poison").message_id
+        assert message_id is not None
+        # given the stored conversation is gone from the workspace: reading the status fails every time
+        with ctx.sessions.begin() as session:
+            session.execute(sa.update(Attempt).where(Attempt.message_id == message_id).values(conversation_id=987654))
+        poison, good = record_deliveries(ctx.sessions, [
+            NewDelivery("poison-1", "message_updated", {"event": "message_updated", "message_id": message_id},
+                        ctx.clock()),
+            NewDelivery("good-1", "message_created", {"event": "message_created", "message_id": 424242}, ctx.clock()),
+        ])
+        assert poison is not None and good is not None
+        for _ in range(3):  # when the consumer tries it, it fails, keeping the reason
+            with pytest.raises(NotFound):
+                process_delivery(poison, ctx, enqueuer)
+        assert process_delivery(good, ctx, enqueuer) == "ignored_not_ours"  # the others go on
+        # then past its tries it is set aside, with why, and never tried again
+        assert process_delivery(poison, ctx, enqueuer) == "set_aside"
+        assert process_delivery(poison, ctx, enqueuer) == "already_processed"
+        with ctx.sessions() as session:
+            row = session.get(WebhookDelivery, poison)
+            assert row is not None
+            assert (row.outcome, row.tries, row.last_error) == ("set_aside", 4, "NotFound")
