@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from dispatcher import metrics, store, tracking
-from dispatcher.api import ApiError, Message
+from dispatcher.api import ApiError, Message, NotFound
 from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.errors import InvalidEvent
 from dispatcher.lifecycle import moves
@@ -99,6 +99,7 @@ class _Job:
     content_hash: str | None
     in_flight_since: Any
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
+    re_resolved: bool = False  # a 404 already made this attempt forget its contact once
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
     started: _Target | None = None  # the warm path: already marked in flight, send at once
     body: dict[str, Any] | None = None
@@ -131,7 +132,7 @@ def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
     except InvalidEvent as error:
         return _fail(job, ctx, "invalid_for_channel", str(error))
     except ApiError as error:  # a step before createMessage: nothing was sent by this try
-        return _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
+        return _forgotten(error, job, ctx) or _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
     if isinstance(gate, Probe) and not result.paused:
         _breaker_closed(ctx)
     return result
@@ -225,7 +226,8 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             conversation_id=attempt.conversation_id,
             content_hash=attempt.content_hash,
             in_flight_since=attempt.in_flight_since,
-            no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind is not None,
+            no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind not in (None, moves.RE_RESOLVING),
+            re_resolved=attempt.error_kind == moves.RE_RESOLVING,
             created_at=notification.created_at,
         )
         if payload is None:
@@ -325,7 +327,7 @@ def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dic
         _release(job, ctx)
         raise
     except ApiError as error:
-        return _after_failed_create(error, job, ctx)
+        return _forgotten(error, job, ctx) or _after_failed_create(error, job, ctx)
     return _record_acceptance(job, ctx, message, Outcome.ACCEPTED)
 
 
@@ -358,6 +360,23 @@ def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
         log.info("attempt %s: no message found after an unknown outcome; sending", job.attempt_id)
         return None
     return _record_acceptance(job, ctx, message, Outcome.ADOPTED)
+
+
+def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | None:
+    """A 404 for what the store remembered (the conversation, or the contact behind it: deleted by
+    an agent, or a reset workspace). The first time, forget every stored id of the contact and try
+    again at once: the next run finds or makes them anew. A second 404 is final (``not_found``).
+    Nothing was sent: the workspace answered 404 to the call itself."""
+    if not isinstance(error, NotFound) or job.re_resolved:
+        return None
+    with ctx.sessions.begin() as session:
+        store.forget_contact(session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]))
+        if not moves.re_resolve(session, attempt_id=job.attempt_id, now=ctx.clock()):
+            return None
+    log.info("attempt %s: the workspace no longer has its contact or conversation (%s); resolving again",
+             job.attempt_id, error.operation)
+    return SendResult(Outcome.RETRY, f"{error.operation} 404: the contact or conversation is gone; resolving again",
+                      delay_s=0.1)
 
 
 def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:

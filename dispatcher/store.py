@@ -247,6 +247,18 @@ def remember_source_id(session: Session, *, account_id: int, contact_id: int, in
     return stored
 
 
+def forget_contact(session: Session, *, account_id: int, keys: Sequence[str]) -> None:
+    """The workspace no longer has the contact (or its conversation): forget every cached id of it,
+    so the next run looks it up, and makes what is missing, again."""
+    contact_ids = list(session.scalars(select(KnownContact.contact_id).where(
+        KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))))
+    session.execute(delete(KnownContact).where(KnownContact.account_id == account_id,
+                                               KnownContact.identity_key.in_(list(keys))))
+    if contact_ids:
+        for model in (KnownContact, ContactInbox, ConversationLink):
+            session.execute(delete(model).where(model.account_id == account_id, model.contact_id.in_(contact_ids)))
+
+
 def conversation_link(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> ConversationLink | None:
     return session.scalars(
         select(ConversationLink)

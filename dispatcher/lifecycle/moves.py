@@ -193,6 +193,19 @@ def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: in
     )
 
 
+RE_RESOLVING = "re_resolving"  # the attempt's error_kind while it looks its contact up again, once
+
+
+def re_resolve(session: Session, *, attempt_id: int, now: datetime) -> bool:
+    """A 404 for a stored contact or conversation: back to queued, marked, so a second 404 ends it."""
+    return _won(session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("re_resolve", "attempt", AttemptState.QUEUED)),
+               or_(ATTEMPTS.c.error_kind.is_(None), ATTEMPTS.c.error_kind != RE_RESOLVING))
+        .values(state=AttemptState.QUEUED, lease_until=None, error_kind=RE_RESOLVING, updated_at=now)
+    ))
+
+
 def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
                  now: datetime) -> bool:
     """The attempt ends without a message; the notification keeps the reason (its decision follows)."""

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
+
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, limits_of, retry_plan_of
 from dispatcher.db import session_factory, shared_engine
@@ -28,9 +30,10 @@ def example_settings(**overrides: Any) -> Settings:
 
 
 @contextmanager
-def send_context(settings: Settings) -> Iterator[SendContext]:
+def send_context(settings: Settings, *, transport: httpx.BaseTransport | None = None) -> Iterator[SendContext]:
+    """A send context over ``settings``; ``transport`` stands between the client and the workspace."""
     upgrade_database(settings.database_url)
-    api = WorkspaceClient.from_settings(settings)
+    api = WorkspaceClient.from_settings(settings, transport=transport)
     try:
         yield SendContext(
             settings=settings,

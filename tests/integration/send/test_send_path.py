@@ -167,48 +167,30 @@ def test_a_rate_limit_answer_pauses_the_limiter(context: SendContext, sandbox: S
     assert context.limiter.paused_for() > 0  # every worker sharing the limiter now waits
 
 
-def test_a_final_rejection_fails_the_attempt_and_is_not_retried(context: SendContext, sandbox: SandboxProcess) -> None:
-    # Given a conversation the service does not know (it was deleted there)
-    notification_id = _accept(context, reminder("evt-404", identifier="pat-404", phone="+15550300070"))
-    drive(context, notification_id)
-    second = _accept(context, reminder("evt-404b", identifier="pat-404", phone="+15550300070"))
-    with context.sessions.begin() as session:
-        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, notification_id)[0].contact_id or 0, inbox_id=1)
-        assert link is not None
-        link.conversation_id = 999_999
-    results = drive(context, second)
-    assert [r.outcome for r in results] == [Outcome.FAILED]  # not retried
-    record = intake.status(context.sessions, "evt-404b")
-    assert record.attempts[0].state == "failed" and record.attempts[0].error_kind == "not_found"
-    # The first attempt failed before any message existed: the single decision falls back to SMS
-    assert record.state == "falling_back"
-    assert record.fallback_decision == "fallback" and record.fallback_reason == "send_failed (not_found)"
-    assert drive(context, second)[-1].outcome is Outcome.ACCEPTED
-    record = intake.status(context.sessions, "evt-404b")
-    assert [attempt.route for attempt in record.attempts] == ["reminders", "sms"]
-    assert record.channel == "sms" and record.inbox_id == 2
-    with context.sessions() as session:
-        assert store.load_payload(session, second) is None  # nothing more will be sent: content forgotten
-
-
-def test_a_final_rejection_without_a_fallback_route_fails_the_notification(context: SendContext, sandbox: SandboxProcess) -> None:
-    request = {"event_id": "evt-sms-404", "route": "sms",
-               "contact": {"identifier": "pat-sms-404", "phone_number": "+15550300110"}, "content": "Your results are ready"}
+@pytest.mark.parametrize(("route", "inbox_id"), [("reminders", 1), ("sms", 2)])
+def test_a_conversation_the_workspace_no_longer_has_is_resolved_again_and_sent_once(
+    context: SendContext, sandbox: SandboxProcess, route: str, inbox_id: int
+) -> None:
+    # Given a conversation the store remembers but the workspace no longer has (an agent deleted it)
+    request = reminder("evt-gone", identifier=f"pat-gone-{route}", phone=f"+155503000{inbox_id}9", route=route)
     first = _accept(context, request)
     drive(context, first)
-    second = _accept(context, {**request, "event_id": "evt-sms-404b"})
+    second = _accept(context, {**request, "event_id": "evt-gone-b", "content": "Reminder evt-gone-b: tomorrow"})
     with context.sessions.begin() as session:
-        attempt = store.attempts_of(session, first)[0]
-        link = store.conversation_link(session, account_id=1, contact_id=attempt.contact_id or 0, inbox_id=2)
+        contact_id = store.attempts_of(session, first)[0].contact_id or 0
+        link = store.conversation_link(session, account_id=1, contact_id=contact_id, inbox_id=inbox_id)
         assert link is not None
-        link.conversation_id = 999_998
-    assert [r.outcome for r in drive(context, second)] == [Outcome.FAILED]
-    record = intake.status(context.sessions, "evt-sms-404b")
-    assert record.state == "failed"
-    assert record.fallback_decision == "none"
-    assert "no fallback route" in (record.fallback_reason or "")
-    with context.sessions() as session:
-        assert store.load_payload(session, second) is None
+        link.conversation_id = 999_999
+    # When it is sent
+    results = drive(context, second)
+    # Then the 404 makes it forget the stored ids once, look the contact up again, and send, once
+    assert [r.outcome for r in results] == [Outcome.RETRY, Outcome.ACCEPTED]
+    assert "resolving again" in results[0].reason
+    record = intake.status(context.sessions, "evt-gone-b")
+    assert record.error_kind is None and record.fallback_decision is None
+    assert record.conversation_id not in (None, 999_999) and record.attempts[0].route == route
+    sent = [m for m in sandbox.messages() if (m["content"] or "").startswith("Reminder evt-gone-b:")]
+    assert len(sent) == 1 and sent[0]["conversation_id"] == record.conversation_id
 
 
 def test_free_text_goes_out_on_sms(context: SendContext, sandbox: SandboxProcess) -> None:
@@ -266,3 +248,32 @@ def test_a_conversation_claim_left_by_a_dead_worker_is_waited_out_not_polled(
         assert link is not None
         link.claimed_until = now - timedelta(seconds=1)
     assert drive(context, second)[-1].outcome is Outcome.ACCEPTED
+
+
+def test_a_second_404_fails_the_notification_as_not_found_without_a_duplicate(
+    sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch
+) -> None:
+    # Given a workspace whose createMessage answers 404 whatever the conversation (everything else real)
+    forward = httpx.Client(base_url=sandbox.base_url, trust_env=False, timeout=10)
+
+    def workspace(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/messages"):
+            return httpx.Response(404, json={"error": "Resource could not be found"})
+        answer = forward.request(request.method, request.url.path, params=request.url.params, headers=request.headers,
+                                 content=request.content)
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    sandbox.reset()
+    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/dispatcher.sqlite")
+    try:
+        with send_context(settings, transport=httpx.MockTransport(workspace)) as ctx:
+            notification_id = _accept(ctx, reminder("evt-404", identifier="pat-404", phone="+15550300091"))
+            results = drive(ctx, notification_id)
+            # Then it is resolved again once, and the second 404 ends it: failed, not_found, said why
+            assert [r.outcome for r in results][-1] is Outcome.FAILED
+            record = intake.status(ctx.sessions, "evt-404")
+            assert record.attempts[0].error_kind == "not_found"
+            assert sum(1 for r in results if "again" in r.reason) == 1
+    finally:
+        forward.close()
+    assert sandbox.messages() == []
