@@ -119,6 +119,7 @@ class Attempt(Base):
     accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     status_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     next_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # reconciliation's next read; None: none
+    last_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its status last read from the message list
     error_kind: Mapped[str | None] = mapped_column(String(40))
     error_detail: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from dispatcher import metrics, store, tracking
 from dispatcher.context import SendContext
 from dispatcher.enqueue import Enqueuer
+from dispatcher.resolve import Wait
 from dispatcher.webhooks.events import EventSummary
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
             last_error = delivery.last_error
         else:
             last_error = None
-            raw_summary = dict(delivery.summary)
+            raw_summary, received_at = dict(delivery.summary), delivery.received_at
     if tries > ctx.settings.delivery_max_tries:
         log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, tries - 1,
                     last_error or "unknown")
@@ -95,8 +96,12 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
         summary: EventSummary | None = EventSummary.model_validate(raw_summary)
     except ValidationError:
         summary = None  # not written by this version's receiver: retrying cannot make it readable
+    wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - received_at).total_seconds()
+    if summary is not None and summary.event == "message_updated" and summary.status is None and wait_s > 0:
+        raise Wait(wait_s, "a short wait lets one read of the conversation answer the events around this one")
     try:
-        outcome = tracking.apply_event(summary, ctx, enqueuer) if summary is not None else "ignored_unreadable"
+        outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at) if summary is not None
+                   else "ignored_unreadable")
     except Exception as error:
         with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
             store.note_delivery_error(session, delivery_row_id, error=type(error).__name__)

@@ -399,6 +399,18 @@ def open_service_window(session: Session, *, account_id: int, contact_id: int, i
     )
 
 
+def note_read(session: Session, message_ids: Sequence[int], *, at: datetime) -> dict[int, tuple[int, str]]:
+    """The message list was read at ``at`` (the moment the call began): note it on our attempts
+    among ``message_ids``; their attempt ID and state, by message ID."""
+    if not message_ids:
+        return {}
+    rows = session.execute(
+        update(ATTEMPTS).where(ATTEMPTS.c.message_id.in_(list(message_ids))).values(last_read_at=at)
+        .returning(ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.state)
+    ).all()
+    return {row.message_id: (row.id, row.state) for row in rows}
+
+
 def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> None:
     """When reconciliation reads the attempt back next (None: never again)."""
     session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(next_read_at=at))

@@ -50,8 +50,13 @@ def fallback_rules(ctx: SendContext) -> FallbackRules:
     )
 
 
-def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer) -> str:
-    """Apply one webhook event summary; return what happened, as a short word for the record."""
+def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, received_at: datetime | None = None) -> str:
+    """Apply one webhook event summary; return what happened, as a short word for the record.
+
+    An event without a status (a stock workspace's) costs a read of the message list, unless the
+    attempt is settled, or a read made after the event was received (``received_at``) already
+    told what it announces; one read answers every message of ours on the page it returns.
+    """
     event = summary.event
     if event == "message_created" and summary.message_type == "incoming":
         return open_window(summary, ctx)
@@ -60,18 +65,24 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer) -> 
     message_id = summary.message_id
     with ctx.sessions() as session:
         attempt = store.attempt_by_message(session, message_id)
-        conversation_id = attempt.conversation_id if attempt is not None else None
     if attempt is None:
         return "ignored_not_ours"
     status, external_error = summary.status, summary.external_error
     if status is None:
         if event == "message_created":
             return "ignored_no_status"  # our own message announced: nothing new to learn
+        if attempt.state in (AttemptState.READ, AttemptState.FAILED):
+            return "settled"  # nothing later can be learned
+        if received_at is not None and attempt.last_read_at is not None and attempt.last_read_at >= received_at:
+            return "known_from_read"  # a read begun after this event arrived already applied its news
         # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
-        found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
-        if found is None or found.status is None:
+        found = read_outcomes(ctx, conversation_id=attempt.conversation_id, message_id=message_id)
+        mine = found.pop(message_id, None)
+        for other in found.values():  # the same read answers our other messages on the page
+            apply_outcome(other, ctx, enqueuer)
+        if mine is None or mine.status is None:
             return "no_status"
-        status, external_error = found.status, found.external_error
+        status, external_error = mine.status, mine.external_error
     return apply_outcome(Outcome(message_id, status, external_error), ctx, enqueuer)
 
 
@@ -94,14 +105,34 @@ def open_window(summary: EventSummary, ctx: SendContext) -> str:
 
 def read_outcome(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> Outcome | None:
     """The message's status from the message list of its (stored) conversation."""
+    return read_outcomes(ctx, conversation_id=conversation_id, message_id=message_id).get(message_id)
+
+
+def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> dict[int, Outcome]:
+    """A read of the message list of a (stored) conversation: the news it holds for each of our
+    messages on the page (``message_id``'s always, when listed; the others' only where it is
+    later than what we know). Notes the read on every one of those attempts.
+
+    The latest page first, so that one read answers every recent message of the conversation (a
+    patient's reminders often go out together); a message older than that page costs a second
+    read, of the page that ends with it."""
     if conversation_id is None:
-        return None
-    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
-    for message in page.messages:
-        if message.id == message_id:
-            status = message.status.value if message.status is not None else None
-            return Outcome(message_id, status, message.external_error)
-    return None
+        return {}
+    began = ctx.clock()
+    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id))
+    if all(message.id != message_id for message in page.messages):
+        page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
+    listed = {message.id: message for message in page.messages}
+    with ctx.sessions.begin() as session:
+        ours = store.note_read(session, list(listed), at=began)
+    found: dict[int, Outcome] = {}
+    for listed_id, (_, state) in ours.items():
+        message = listed[listed_id]
+        status = message.status.value if message.status is not None else None
+        news = status is not None and advance(AttemptState(state), attempt_state_from_status(status)) != state
+        if listed_id == message_id or news:
+            found[listed_id] = Outcome(listed_id, status, message.external_error)
+    return found
 
 
 def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str:

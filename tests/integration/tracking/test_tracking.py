@@ -333,7 +333,7 @@ def test_a_failure_left_undecided_by_a_killed_consumer_is_decided_by_the_sweep(
 def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_others_go_on(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    for ctx in _context(sandbox, tmp_path, enqueuer, delivery_max_tries=3):
+    for ctx in _context(sandbox, tmp_path, enqueuer, delivery_max_tries=3, status_read_wait_s=0):
         _send(ctx, reminder("trk-poison", identifier="trk-p13", phone="+15550400013"))
         message_id = intake.status(ctx.sessions, "trk-poison").message_id
         assert message_id is not None

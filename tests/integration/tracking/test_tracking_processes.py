@@ -238,3 +238,26 @@ def test_at_the_default_settings_a_lost_webhook_is_settled_within_minutes(stack_
         wait_until(lambda: stack.status("default-quiet").state == "read", timeout_s=150,
                    what="reconciliation at the default settings")
         assert sandbox.stats()["webhooks"].get("delivered", 0) == 0
+
+
+READ_WAIT: dict[str, str] = {}  # the shipped status_read_wait_s; tests/chaos measures it under fire too
+
+
+def test_tracking_a_stock_workspace_costs_at_most_one_status_read_per_message(stack_factory: Any) -> None:
+    # Given a stock workspace (no status in its webhooks: each one would need a read) and twenty
+    # reminders to ten patients, two each
+    with running_sandbox(BEHAVIOUR) as sandbox:
+        stack = stack_factory(sandbox, consumers=2, **READ_WAIT)
+        events = [f"reads-{n}" for n in range(20)]
+        for n, event in enumerate(events):
+            stack.dispatcher.notify(reminder(event, identifier=f"reads-p{n % 10}", phone=f"+1555050{n % 10:04d}"))
+        # When every one has been delivered and read
+        wait_until(lambda: all(stack.status(event).state == "read" for event in events), timeout_s=90,
+                   what="every reminder read")
+        stats = sandbox.stats()
+    # Then the consumer read the message lists at most once per message on average (three
+    # status-less webhooks came for each: the provider's id, delivered, read)
+    reads = stats["calls"].get("listMessages", 0)
+    print(f"\n[reads] {reads} listMessages calls for {len(events)} messages: {reads / len(events):.2f} a message")
+    assert stats["webhooks"]["delivered"] >= 3 * len(events)
+    assert reads <= len(events)
