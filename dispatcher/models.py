@@ -94,6 +94,8 @@ class Notification(Base):
     fallback_decision: Mapped[str | None] = mapped_column(String(10))
     fallback_reason: Mapped[str | None] = mapped_column(String(200))
     fallback_decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The attempt the host's state follows: 1, then the template resend or the fallback, by number.
+    current_attempt: Mapped[int] = mapped_column(SmallInteger, default=1, server_default="1")
 
 
 class Attempt(Base):
@@ -105,6 +107,8 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(SmallInteger)
+    # "first", "template" (a resend as the approved template after 131047) or "fallback".
+    purpose: Mapped[str] = mapped_column(String(12), default="first", server_default="first")
     route: Mapped[str] = mapped_column(String(64))
     channel: Mapped[str] = mapped_column(String(20))
     state: Mapped[str] = mapped_column(String(20), index=True)

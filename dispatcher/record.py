@@ -13,6 +13,7 @@ class AttemptRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     number: int
+    purpose: str  # first, template (a resend as the approved template after 131047) or fallback
     route: str
     channel: str
     state: str
@@ -72,6 +73,7 @@ class NotificationRecord(BaseModel):
             attempts=[
                 AttemptRecord(
                     number=attempt.number,
+                    purpose=attempt.purpose,
                     route=attempt.route,
                     channel=attempt.channel,
                     state=attempt.state,

@@ -45,6 +45,7 @@ from dispatcher.resolve import (
 from dispatcher.settings import Route
 from dispatcher.lifecycle.states import (
     SENDABLE_ATTEMPT_STATES,
+    AttemptPurpose,
     SENDABLE_NOTIFICATION_STATES,
     AttemptState,
     attempt_state_from_status,
@@ -88,6 +89,7 @@ class _Job:
     notification_id: int
     attempt_id: int
     attempt_number: int
+    purpose: AttemptPurpose
     attempt_state: AttemptState
     route_name: str
     route: Route
@@ -169,7 +171,7 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
             wait_s = max(pause.until - time.time(), 1.0)
             return SendResult(Outcome.RETRY, f"workspace paused ({pause.reason})", delay_s=wait_s, deferred=True,
                               paused=True)
-        number, route_name = _current_route(row.fallback_decision, row.route, row.fallback_route)
+        number, route_name, purpose = _current_attempt(row)
         route = ctx.settings.routes.get(route_name)
         attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
                                      channel=route.channel.value if route else "unknown", now=now)
@@ -177,10 +179,10 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
                                    error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
     if moved:
         detail = f"past the send deadline: {pause.detail}"
-        if number == 1:
-            tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
-        else:
+        if purpose is AttemptPurpose.FALLBACK:
             tracking.end_after_fallback_failed(notification_id, pause.reason, detail, ctx)
+        else:
+            tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{pause.reason}: past the send deadline", paused=True)
 
 
@@ -202,7 +204,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             return SendResult(Outcome.SKIPPED, "no such notification")
         if notification.state not in SENDABLE_NOTIFICATION_STATES:
             return SendResult(Outcome.SKIPPED, f"notification is {notification.state}")
-        number, route_name = _current_route(notification.fallback_decision, notification.route, notification.fallback_route)
+        number, route_name, purpose = _current_attempt(notification)
         route = ctx.settings.routes.get(route_name)
         if route is None:
             return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
@@ -216,12 +218,13 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             notification_id=notification.id,
             attempt_id=attempt.id,
             attempt_number=number,
+            purpose=purpose,
             attempt_state=AttemptState(attempt.state),
             route_name=route_name,
             route=route,
             tries=attempt.tries,
             payload=payload or {},
-            drops_payload_on_acceptance=number == 2 or notification.fallback_route is None,
+            drops_payload_on_acceptance=_last_possible_attempt(purpose, notification.fallback_route, notification.body),
             lease_active_s=(attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0,
             conversation_id=attempt.conversation_id,
             content_hash=attempt.content_hash,
@@ -269,7 +272,7 @@ def _mark_in_flight(
         session,
         notification_id=job.notification_id,
         attempt_id=job.attempt_id,
-        fallback=job.attempt_number == 2,
+        fallback=job.purpose is AttemptPurpose.FALLBACK,
         target=moves.Target(inbox_id=target.inbox_id, contact_id=target.contact_id,
                             conversation_id=target.conversation_id, channel=job.route.channel.value,
                             content_hash=store.content_hash(body["content"])),
@@ -278,11 +281,22 @@ def _mark_in_flight(
     )
 
 
-def _current_route(fallback_decision: str | None, route: str, fallback_route: str | None) -> tuple[int, str]:
-    """Attempt 2 goes through the fallback route once the single decision said so."""
-    if fallback_decision == "fallback" and fallback_route:
-        return 2, fallback_route
-    return 1, route
+def _current_attempt(row: Any) -> tuple[int, str, AttemptPurpose]:
+    """The notification's current attempt: its number, route and purpose. Its row exists once made
+    (the template resend and the fallback are made by the move that decides them); the first
+    attempt's is made by its first run, through the notification's route."""
+    if row.attempt_route is None:
+        return row.current_attempt, row.route, AttemptPurpose.FIRST
+    return row.current_attempt, row.attempt_route, AttemptPurpose(row.attempt_purpose)
+
+
+def _last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, body: dict[str, Any] | None) -> bool:
+    """No other attempt can follow this one's acceptance, so its content may go with it: the
+    fallback, or one with no fallback route that no template resend can follow."""
+    if purpose is AttemptPurpose.FALLBACK:
+        return True
+    may_resend = purpose is AttemptPurpose.FIRST and bool(body and body.get("template"))
+    return fallback_route is None and not may_resend
 
 
 def _send(job: _Job, ctx: SendContext) -> SendResult:
@@ -336,7 +350,7 @@ def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str
     template = job.payload.get("template")
     kind = choose_message_kind(
         channel=job.route.channel,
-        template_required=job.route.template_required,
+        template_required=job.route.template_required or job.purpose is AttemptPurpose.TEMPLATE,
         window_open=window_open,
         has_template=template is not None,
     )
@@ -443,8 +457,8 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResu
                                    error_kind=error_kind, detail=detail, now=ctx.clock())
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
     if moved:
-        if job.attempt_number == 1:
-            tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
-        else:
+        if job.purpose is AttemptPurpose.FALLBACK:
             tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
+        else:
+            tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

@@ -30,7 +30,7 @@ from dispatcher.models import (
     WebhookDelivery,
     utcnow,
 )
-from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptState, NotificationState
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
 
 SERVICE_WINDOW = timedelta(hours=24)
 
@@ -40,6 +40,7 @@ NOTIFICATIONS = Notification.__table__
 ATTEMPTS = Attempt.__table__
 PAYLOADS = Payload.__table__
 
+_CURRENT = ATTEMPTS.alias("current_attempt_row")
 _LOAD_FOR_SEND = (
     select(
         NOTIFICATIONS.c.id,
@@ -47,11 +48,18 @@ _LOAD_FOR_SEND = (
         NOTIFICATIONS.c.route,
         NOTIFICATIONS.c.fallback_route,
         NOTIFICATIONS.c.fallback_decision,
+        NOTIFICATIONS.c.current_attempt,
         NOTIFICATIONS.c.created_at,
         NOTIFICATIONS.c.send_at,
+        _CURRENT.c.route.label("attempt_route"),  # None until the first attempt's row exists
+        _CURRENT.c.purpose.label("attempt_purpose"),
         PAYLOADS.c.body,
     )
-    .select_from(NOTIFICATIONS.outerjoin(PAYLOADS, PAYLOADS.c.notification_id == NOTIFICATIONS.c.id))
+    .select_from(
+        NOTIFICATIONS.outerjoin(PAYLOADS, PAYLOADS.c.notification_id == NOTIFICATIONS.c.id)
+        .outerjoin(_CURRENT, (_CURRENT.c.notification_id == NOTIFICATIONS.c.id)
+                   & (_CURRENT.c.number == NOTIFICATIONS.c.current_attempt))
+    )
     .where(NOTIFICATIONS.c.id == bindparam("notification_id"))
 )
 _ATTEMPT_COLUMNS = (
@@ -426,7 +434,8 @@ def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> lis
             Attempt.state.in_(sorted(READ_BACK_STATES)),
             Attempt.message_id.is_not(None),
             Attempt.next_read_at <= now,
-            or_(Attempt.number == 2, Notification.fallback_decision.is_(None)),
+            Attempt.number == Notification.current_attempt,
+            or_(Attempt.purpose == AttemptPurpose.FALLBACK, Notification.fallback_decision.is_(None)),
         )
         .order_by(Attempt.next_read_at)
         .limit(limit)
@@ -434,13 +443,15 @@ def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> lis
 
 
 def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[int]:
-    """First attempts through ``route`` accepted before the cut-off, still not delivered, undecided."""
+    """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
+    fallback decided (the first send, or its resend as a template)."""
     return list(
         session.scalars(
             select(Attempt.notification_id)
             .join(Notification, Notification.id == Attempt.notification_id)
             .where(
-                Attempt.number == 1,
+                Attempt.number == Notification.current_attempt,
+                Attempt.purpose != AttemptPurpose.FALLBACK,
                 Attempt.route == route,
                 Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
                 Attempt.accepted_at < accepted_before,
@@ -451,18 +462,20 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
     )
 
 
-def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, int, str | None, str | None]]:
-    """Failed attempts whose consequence is missing: a first attempt with no fallback decision, or a
-    fallback whose notification was not ended. (notification id, attempt number, error kind, detail)"""
+def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, str, str | None, str | None]]:
+    """Failed current attempts whose consequence is missing: a first or template attempt with no
+    fallback decision, or a fallback whose notification was not ended.
+    (notification id, attempt purpose, error kind, detail)"""
     rows = session.execute(
-        select(Attempt.notification_id, Attempt.number, Attempt.error_kind, Attempt.error_detail)
+        select(Attempt.notification_id, Attempt.purpose, Attempt.error_kind, Attempt.error_detail)
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
             Attempt.state == AttemptState.FAILED,
             Attempt.updated_at < failed_before,
+            Attempt.number == Notification.current_attempt,
             or_(
-                (Attempt.number == 1) & Notification.fallback_decision.is_(None),
-                (Attempt.number == 2) & (Notification.state != NotificationState.FAILED),
+                (Attempt.purpose != AttemptPurpose.FALLBACK) & Notification.fallback_decision.is_(None),
+                (Attempt.purpose == AttemptPurpose.FALLBACK) & (Notification.state != NotificationState.FAILED),
             ),
         )
         .limit(limit)

@@ -21,9 +21,9 @@ from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import moves
 from dispatcher.models import Attempt, Notification
-from dispatcher.policy.fallback import FallbackRules, classify_failure
+from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template
 from dispatcher.policy.readback import next_read_at
-from dispatcher.lifecycle.states import AttemptState, advance, attempt_state_from_status
+from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.resolve import call_api
 from dispatcher.webhooks.events import EventSummary
 
@@ -157,22 +157,43 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str
             return "stale"  # a concurrent outcome moved it first; its own run carries on from there
         notification = session.get(Notification, attempt.notification_id)
         assert notification is not None
-        current_attempt = 2 if notification.fallback_decision == "fallback" else 1
-        if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == current_attempt:
-            store.drop_payload(session, notification.id)  # delivered: no fallback can be needed any more
-        attempt_number, notification_id = attempt.number, notification.id
+        if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == notification.current_attempt:
+            store.drop_payload(session, notification.id)  # delivered: no other attempt can be needed any more
+        purpose, notification_id = AttemptPurpose(attempt.purpose), notification.id
     if new is not AttemptState.FAILED:
         return f"applied_{new.value}"
-    if attempt_number == 2:
+    if purpose is AttemptPurpose.FALLBACK:
         return end_after_fallback_failed(notification_id, "external_error", outcome.external_error, ctx)
-    return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer)
+    return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
 
 
 def decide_after_external_failure(
-    notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None
+    notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None, *,
+    purpose: AttemptPurpose = AttemptPurpose.FIRST,
 ) -> str:
-    """The first attempt's message failed: classify its error code and decide once."""
-    verdict = classify_failure(external_error, fallback_rules(ctx))
+    """The current attempt's message failed. 131047 on the first send of a request that carries an
+    approved template: resend as that template, once, on the same route. Otherwise classify the
+    error code and make the single fallback decision."""
+    with ctx.sessions() as session:
+        notification = session.get(Notification, notification_id)
+        body = store.load_payload(session, notification_id)
+        if notification is None:
+            return "ignored"
+        number, route_name = notification.current_attempt, notification.route
+    has_template = bool(body and body.get("template"))
+    verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
+    route = ctx.settings.routes.get(route_name)
+    if resends_as_template(verdict, attempt_purpose=purpose, has_template=has_template) and route is not None:
+        with ctx.sessions.begin() as session:
+            resent = moves.resend_as_template(session, notification_id=notification_id, failed_number=number,
+                                              route=route_name, channel=route.channel.value, now=ctx.clock())
+        if resent:
+            log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
+            if enqueuer is not None:
+                published = enqueuer.enqueue_send([notification_id])
+                with ctx.sessions.begin() as session:
+                    store.mark_enqueued(session, published, now=ctx.clock())
+            return "resend_as_template"
     reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
     return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
                            enqueuer=enqueuer, error_kind="external_error", error_detail=external_error)
@@ -186,11 +207,11 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     """
     with ctx.sessions() as session:
         undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
-    for notification_id, number, error_kind, error_detail in undecided:
-        if number == 2:
+    for notification_id, purpose, error_kind, error_detail in undecided:
+        if purpose == AttemptPurpose.FALLBACK:
             end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
         elif error_kind == "external_error":
-            decide_after_external_failure(notification_id, error_detail, ctx, enqueuer)
+            decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))
         else:
             decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
     return len(undecided)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, case, func, or_, update
+from sqlalchemy import Row, Table, case, exists, func, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from dispatcher.lifecycle.states import AttemptState, NotificationState, advance, notification_state_for
+from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, Side
 from dispatcher.models import Attempt, Notification
 
@@ -270,10 +270,9 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
         return False
     if new is not AttemptState.FAILED:
         mirrored = notification_state_for(new)
-        current_number = case((NOTIFICATIONS.c.fallback_decision == "fallback", 2), else_=1)
         session.execute(
             update(NOTIFICATIONS)
-            .where(NOTIFICATIONS.c.id == notification_id, current_number == attempt_number,
+            .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number,
                    NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
             .values(state=mirrored, delivery_state=new.value, updated_at=now)
         )
@@ -308,27 +307,53 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
     end: str | None = None  # a deadline decision without a route keeps the state
     if decision.fall_back:
         end = NotificationState.FALLING_BACK
-        values.update(state=end, enqueued_at=None)
+        values.update(state=end, enqueued_at=None, current_attempt=NOTIFICATIONS.c.current_attempt + 1)
     elif decision.failed:
         end = NotificationState.FAILED
         values.update(state=end, delivery_state=AttemptState.FAILED.value,
                       error_kind=func.coalesce(NOTIFICATIONS.c.error_kind, decision.error_kind or "failed"),
                       error_detail=func.coalesce(NOTIFICATIONS.c.error_detail, _detail(decision.error_detail or decision.reason)))
-    won = _won(session.execute(
+    number = session.execute(
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None),
                NOTIFICATIONS.c.state.in_(_starts_for("decide_fallback", "notification", end) if end
                                          else _kept("decide_fallback", "notification")))
         .values(**values)
-    ))
-    if won and decision.fall_back:
+        .returning(NOTIFICATIONS.c.current_attempt)
+    ).scalar_one_or_none()
+    if number is not None and decision.fall_back:
         assert decision.fallback_route is not None and decision.fallback_channel is not None
         _insert_ignoring_conflict(session, {
-            "notification_id": notification_id, "number": 2, "route": decision.fallback_route,
-            "channel": decision.fallback_channel, "state": _ends_in("decide_fallback", "attempt", AttemptState.QUEUED),
-            "tries": 0, "created_at": now, "updated_at": now,
+            "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.FALLBACK,
+            "route": decision.fallback_route, "channel": decision.fallback_channel,
+            "state": _ends_in("decide_fallback", "attempt", AttemptState.QUEUED), "tries": 0,
+            "created_at": now, "updated_at": now,
         })
-    return won
+    return number is not None
+
+
+def resend_as_template(session: Session, *, notification_id: int, failed_number: int, route: str, channel: str,
+                       now: datetime) -> bool:
+    """After 131047 on the current attempt's free text: a new attempt, on the same route, that
+    must go out as the request's approved template. Once: never after a template attempt exists."""
+    number = session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == failed_number,
+               NOTIFICATIONS.c.fallback_decision.is_(None),
+               NOTIFICATIONS.c.state.in_(_starts_for("resend_as_template", "notification", NotificationState.SENDING)),
+               ~exists().where(ATTEMPTS.c.notification_id == notification_id,
+                               ATTEMPTS.c.purpose == AttemptPurpose.TEMPLATE))
+        .values(state=NotificationState.SENDING, current_attempt=failed_number + 1, enqueued_at=None, updated_at=now)
+        .returning(NOTIFICATIONS.c.current_attempt)
+    ).scalar_one_or_none()
+    if number is None:
+        return False
+    _insert_ignoring_conflict(session, {
+        "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.TEMPLATE, "route": route,
+        "channel": channel, "state": _ends_in("resend_as_template", "attempt", AttemptState.QUEUED), "tries": 0,
+        "created_at": now, "updated_at": now,
+    })
+    return True
 
 
 def end_failed(session: Session, *, notification_id: int, error_kind: str, detail: str | None, now: datetime) -> bool:

@@ -37,6 +37,16 @@ class NotificationState(StrEnum):
     FAILED = "failed"  # nothing more will happen
 
 
+class AttemptPurpose(StrEnum):
+    """What an attempt is for. A notification has at most one of each, numbered in this order of
+    making: the first send; a resend as the approved template on the same route, after 131047
+    (the customer-service window was closed when free text went out); the single fallback."""
+
+    FIRST = "first"
+    TEMPLATE = "template"
+    FALLBACK = "fallback"
+
+
 # Delivery rank: a report may only raise it. FAILED is terminal, so it outranks everything.
 _RANK: dict[AttemptState, int] = {
     AttemptState.QUEUED: 0,

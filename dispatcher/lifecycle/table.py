@@ -99,6 +99,9 @@ MOVES: dict[str, Move] = {
              notification=Side(every(DECIDABLE, [N.FALLING_BACK, N.FAILED]).edges | kept(DECIDABLE).edges,
                                "no decision made yet"),
              attempt=every([NEW], [A.QUEUED], "the fallback's attempt, when it falls back")),
+        Move("resend_as_template", "131047 on free text: send the request's approved template once, on the same route, as a new attempt",
+             notification=every([N.ACCEPTED, N.SENT], [N.SENDING], "the failed attempt is the current one; once"),
+             attempt=every([NEW], [A.QUEUED], "the template attempt")),
         Move("end_failed", "the fallback failed too: nothing more is sent",
              notification=every(AFTER_FALLBACK, [N.FAILED])),
     )

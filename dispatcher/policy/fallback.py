@@ -10,8 +10,9 @@ code      reason                 fall back   why / what the caller does instead
 ========  =====================  ==========  ================================================
 131026    undeliverable          yes         the recipient cannot get it on this channel
 131047    resend_as_template     no          window closed: resend on the SAME route as the
-                                             approved template, never as free text; a
-                                             fallback would hide the window-tracking bug
+                                             approved template (:func:`resends_as_template`),
+                                             never as free text; without a template in the
+                                             request: ``window_closed_no_template``, fall back
 132000    template_misconfigured no          parameter count differs from the approved
 132001    template_misconfigured no          template / no such language: fix configuration
                                              and alert; the same content must not go out
@@ -32,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code"]
+__all__ = ["FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template"]
 
 # code -> (reason, falls back by default). A rule set that moves a code to the other side gets
 # a configured_* reason, so a reason never contradicts its verdict.
@@ -80,9 +81,12 @@ def parse_error_code(external_error: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def classify_failure(external_error: str | None, rules: FallbackRules) -> FallbackVerdict:
-    """The verdict for one failed message (table in the module docstring)."""
+def classify_failure(external_error: str | None, rules: FallbackRules, *, has_template: bool = True) -> FallbackVerdict:
+    """The verdict for one failed message (table in the module docstring). ``has_template``: the
+    request carries an approved template (131047 without one falls back: nothing else can go out)."""
     code = parse_error_code(external_error)
+    if code == "131047" and not has_template:
+        return FallbackVerdict(True, "window_closed_no_template", code)
     if code is None:
         return FallbackVerdict(rules.unknown_falls_back, "no_code", None)
     for codes, fall_back in ((rules.fallback_codes, True), (rules.no_fallback_codes, False)):
@@ -92,3 +96,10 @@ def classify_failure(external_error: str | None, rules: FallbackRules) -> Fallba
                 reason = "configured_fallback" if fall_back else "configured_no_fallback"
             return FallbackVerdict(fall_back, reason, code)
     return FallbackVerdict(rules.unknown_falls_back, "unknown_code", code)
+
+
+def resends_as_template(verdict: FallbackVerdict, *, attempt_purpose: str, has_template: bool) -> bool:
+    """131047 (free text outside the customer-service window) on the first send of a request that
+    carries an approved template: send that template once, on the same route, as a new attempt,
+    before any fallback decision. A template attempt that fails is decided like any failure."""
+    return verdict.code == "131047" and attempt_purpose == "first" and has_template

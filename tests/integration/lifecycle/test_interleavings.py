@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.db import make_engine, session_factory
 from dispatcher.lifecycle import moves
-from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, AttemptState, NotificationState, rank
+from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, AttemptPurpose, AttemptState, NotificationState, rank
 from dispatcher.migrate import upgrade_database
 from dispatcher.models import Attempt, Notification
 
@@ -53,6 +53,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.notification_id = 0
         self.seen_messages: dict[int, int] = {}  # attempt ID -> its message ID, once accepted
         self.decisions: list[str] = []
+        self.resends = 0
         self.history: list[tuple[str, list[str]]] = []
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -76,8 +77,7 @@ class Lifecycle(RuleBasedStateMachine):
 
     def _current(self, session: Session) -> tuple[Notification, Attempt | None]:
         notification, attempts = self._rows(session)
-        number = 2 if notification.fallback_decision == "fallback" else 1
-        return notification, next((a for a in attempts if a.number == number), None)
+        return notification, next((a for a in attempts if a.number == notification.current_attempt), None)
 
     # -- the sweeps -----------------------------------------------------------------------------
     @rule(seconds=st.integers(0, 40))
@@ -95,8 +95,8 @@ class Lifecycle(RuleBasedStateMachine):
         with self.sessions.begin() as session:
             notification, _ = self._current(session)
             if notification.state in (NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK):
-                number = 2 if notification.fallback_decision == "fallback" else 1
-                moves.open_attempt(session, notification_id=self.notification_id, number=number, route="r", channel="c",
+                moves.open_attempt(session, notification_id=self.notification_id, number=notification.current_attempt,
+                                   route="r", channel="c",
                                    now=self.now, columns=(Attempt.__table__.c.id,))
 
     @rule()
@@ -106,7 +106,8 @@ class Lifecycle(RuleBasedStateMachine):
             if attempt is not None:
                 target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
                 moves.claim(session, notification_id=self.notification_id, attempt_id=attempt.id,
-                            fallback=attempt.number == 2, target=target, now=self.now, lease_until=self.now + LEASE)
+                            fallback=attempt.purpose == AttemptPurpose.FALLBACK, target=target, now=self.now,
+                            lease_until=self.now + LEASE)
 
     @rule(ambiguous=st.booleans())
     def a_worker_s_call_ends_without_a_message(self, ambiguous: bool) -> None:
@@ -133,10 +134,10 @@ class Lifecycle(RuleBasedStateMachine):
             if attempt is not None and moves.fail_attempt(session, notification_id=self.notification_id,
                                                           attempt_id=attempt.id, error_kind=kind, detail=f"{kind} here",
                                                           now=self.now):
-                self._decide_or_end(session, attempt.number, kind, f"{kind} here")
+                self._decide_or_end(session, attempt.purpose, kind, f"{kind} here")
 
     # -- the outcome consumer -----------------------------------------------------------------------
-    @rule(report=REPORTS, number=st.sampled_from([1, 2]))
+    @rule(report=REPORTS, number=st.sampled_from([1, 2, 3]))
     def the_consumer_applies_a_report(self, report: AttemptState, number: int) -> None:
         with self.sessions.begin() as session:
             _, attempts = self._rows(session)
@@ -148,20 +149,31 @@ class Lifecycle(RuleBasedStateMachine):
                                     attempt_number=number, current=current, new=report,
                                     external_error="131026: Message undeliverable", now=self.now) \
                     and report is AttemptState.FAILED:
-                self._decide_or_end(session, number, "external_error", "131026: Message undeliverable")
+                self._decide_or_end(session, attempt.purpose, "external_error", "131026: Message undeliverable")
+
+    @rule()
+    def the_consumer_resends_as_template_after_131047(self) -> None:
+        with self.sessions.begin() as session:
+            notification, attempt = self._current(session)
+            if attempt is not None and attempt.state == AttemptState.FAILED and attempt.purpose == AttemptPurpose.FIRST:
+                if moves.resend_as_template(session, notification_id=self.notification_id, failed_number=attempt.number,
+                                            route="r", channel="c", now=self.now):
+                    self.resends += 1
 
     @rule(fall_back=st.booleans())
     def the_deadline_sweep_decides(self, fall_back: bool) -> None:
         with self.sessions.begin() as session:
-            notification, _ = self._rows(session)
+            notification, attempt = self._current(session)
+            if attempt is None or attempt.state not in (AttemptState.ACCEPTED, AttemptState.SENT):
+                return  # the deadline sweep looks at accepted attempts only
             decision = moves.FallbackDecision(
                 fall_back=fall_back and notification.fallback_route is not None, reason="not delivered by the deadline",
                 failed=False, fallback_route="sms", fallback_channel="sms")
             if moves.decide_fallback(session, notification_id=self.notification_id, decision=decision, now=self.now):
                 self.decisions.append("deadline")
 
-    def _decide_or_end(self, session: Session, number: int, kind: str, detail: str) -> None:
-        if number == 2:
+    def _decide_or_end(self, session: Session, purpose: str, kind: str, detail: str) -> None:
+        if purpose == AttemptPurpose.FALLBACK:
             moves.end_failed(session, notification_id=self.notification_id, error_kind=kind, detail=detail, now=self.now)
             return
         notification, _ = self._rows(session)
@@ -179,12 +191,14 @@ class Lifecycle(RuleBasedStateMachine):
         with self.sessions() as session:
             notification, attempts = self._rows(session)
         states = [attempt.state for attempt in attempts]
-        assert len(attempts) <= 2
+        assert len(attempts) <= 3
         assert len(self.decisions) <= 1, self.decisions
         assert (notification.fallback_decision is None) == (not self.decisions)
-        assert all(attempt.number == 2 for attempt in attempts[1:])
-        if len(attempts) == 2:
-            assert notification.fallback_decision == "fallback"
+        assert self.resends <= 1
+        purposes = [attempt.purpose for attempt in attempts]
+        assert len(purposes) == len(set(purposes)) and [a.number for a in attempts] == list(range(1, len(attempts) + 1))
+        assert (AttemptPurpose.FALLBACK in purposes) == (notification.fallback_decision == "fallback")
+        assert notification.current_attempt == max((a.number for a in attempts), default=1)
         for attempt in attempts:
             if attempt.message_id is not None:  # one accepted message, never replaced
                 assert self.seen_messages.setdefault(attempt.id, attempt.message_id) == attempt.message_id

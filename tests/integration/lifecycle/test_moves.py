@@ -47,12 +47,14 @@ def put(sessions: sessionmaker[Session], state: str, *attempts: str, fallback_de
         lease_until: datetime | None = None) -> tuple[int, list[int]]:
     """A notification in ``state`` with attempts 1.. in the given states; their IDs."""
     with sessions.begin() as session:
+        fell_back = fallback_decision == "fallback"
         notification = Notification(event_id=f"event-{next(EVENT_NUMBERS)}", fingerprint="f" * 64, route="reminders",
                                     fallback_route="sms", state=state, fallback_decision=fallback_decision,
-                                    created_at=NOW, updated_at=NOW)
+                                    current_attempt=len(attempts) if fell_back else 1, created_at=NOW, updated_at=NOW)
         session.add(notification)
         session.flush()
         rows = [Attempt(notification_id=notification.id, number=number, route="reminders", channel="messaging_platform",
+                        purpose="fallback" if fell_back and number > 1 else "first",
                         state=attempt_state, tries=1, lease_until=lease_until, created_at=NOW, updated_at=NOW)
                 for number, attempt_state in enumerate(attempts, start=1)]
         session.add_all(rows)

@@ -357,3 +357,43 @@ def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_
             row = session.get(WebhookDelivery, poison)
             assert row is not None
             assert (row.outcome, row.tries, row.last_error) == ("set_aside", 4, "NotFound")
+
+
+SHORT_WINDOW = FAST + "service_window_s = 0.3\n"  # the platform's window closes long before ours
+
+
+def test_131047_on_free_text_resends_the_template_once_on_the_same_route(
+    tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    with running_sandbox(SHORT_WINDOW) as platform:
+        for ctx in _context(platform, tmp_path, enqueuer):
+            # given a patient who wrote in (our window is open; the platform's has closed again)
+            _send(ctx, reminder("trk-w-0", identifier="trk-p14", phone="+15550400014"))
+            first = intake.status(ctx.sessions, "trk-w-0")
+            contact_id = next(m for m in platform.messages() if m["id"] == first.message_id)["contact_id"]
+            incoming = EventSummary(event="message_created", message_type="incoming", message_id=9,
+                                    contact_id=contact_id, inbox_id=1, created_at=ctx.clock())
+            assert apply_event(incoming, ctx, enqueuer) == "window_opened"
+            time.sleep(0.4)
+            # when the next notification goes out as free text and the platform fails it with 131047
+            notification_id = _send(ctx, reminder("trk-w-1", identifier="trk-p14", phone="+15550400014"))
+            record = intake.status(ctx.sessions, "trk-w-1")
+            failed = _sandbox_status(platform, record.message_id, {"failed"})
+            assert failed["external_error"].startswith("131047") and failed["template_name"] is None
+            outcome = apply_event(_updated(record.message_id, "failed", failed["external_error"]), ctx, enqueuer)
+            # then it is sent again once, on the same route, as the approved template: a new attempt
+            assert outcome == "resend_as_template" and enqueuer.sent == [notification_id]
+            assert intake.status(ctx.sessions, "trk-w-1").state == "sending"
+            drive(ctx, notification_id)
+            record = intake.status(ctx.sessions, "trk-w-1")
+            assert [(a.number, a.route, a.purpose) for a in record.attempts] == [
+                (1, "reminders", "first"), (2, "reminders", "template")]
+            resent = next(m for m in platform.messages() if m["id"] == record.message_id)
+            assert resent["template_name"] == "appointment_reminder" and resent["inbox_id"] == 1
+            assert record.fallback_decision is None and record.state in ("sent", "delivered", "read")
+            # and a 131047 on the template attempt never resends again: the normal rules decide, once
+            assert apply_event(_updated(record.message_id, "failed", "131047: Re-engagement message"),
+                               ctx, enqueuer) == "no_fallback"
+            ended = intake.status(ctx.sessions, "trk-w-1")
+            assert (ended.state, ended.error_kind) == ("failed", "external_error")
+            assert len([m for m in platform.messages() if m["conversation_id"] == resent["conversation_id"]]) == 3

@@ -19,7 +19,8 @@ from tests.conftest import REPO_ROOT
 
 STATE_COLUMNS = frozenset({"state", "delivery_state", "fallback_decision"})
 WRITERS = frozenset({"values", "Notification", "Attempt", "insert", "update"})
-RAW_SET = re.compile(r"\bset\b[^;]*\b(state|delivery_state|fallback_decision)\s*=", re.IGNORECASE)
+# SET ... state = ..., before any WHERE (a condition on a state column is a read)
+RAW_SET = re.compile(r"\bset\b(?:(?!\bwhere\b)[^;])*\b(state|delivery_state|fallback_decision)\s*=", re.IGNORECASE)
 HOME = REPO_ROOT / "dispatcher" / "lifecycle"
 
 
@@ -103,6 +104,7 @@ def test_the_lifecycle_itself_is_where_the_writes_are() -> None:
     "Notification(event_id='e', state='queued')",
     "notification.fallback_decision = 'none'",
     "session.execute(text('UPDATE notifications SET state = :s WHERE id = :i'))",
+    "op.execute(\"UPDATE attempts SET tries = 0, state = 'queued' WHERE id = 1\")",
     "session.execute(insert(ATTEMPTS).values(state='queued'))",
     "store.set_notification_state(session, 1, expected=(), values={'state': 'read'})",
     "values = {'fallback_decision': 'none'}\nstore.decide_once(session, 1, values=values)",
@@ -116,6 +118,7 @@ def test_the_check_sees_every_kind_of_write(planted: str) -> None:
     "NotificationRecord(state=notification.state)",
     "select(Notification).where(Notification.state == 'queued')",
     "counts[state] = 1",
+    "op.execute(\"UPDATE notifications SET current_attempt = 2 WHERE fallback_decision = 'fallback'\")",
 ])
 def test_reads_and_answers_are_not_writes(innocent: str) -> None:
     assert state_writes(innocent) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.policy.fallback import (FallbackRules, FallbackVerdict, classify_failure,
+from dispatcher.policy.fallback import (FallbackRules, FallbackVerdict, classify_failure, resends_as_template,
                                         parse_error_code)
 
 DEFAULT = FallbackRules()
@@ -68,3 +68,19 @@ def test_rules_refuse_contradictions_and_non_codes(kwargs: dict[str, frozenset[s
 def test_only_a_leading_code_is_read(text: str, code: str | None) -> None:
     # given texts with a phone number or a code not at the start; then no code is invented
     assert parse_error_code(text) == code
+
+
+def test_131047_resends_as_template_on_a_first_send_that_carries_one() -> None:
+    verdict = classify_failure("131047: Re-engagement message", FallbackRules())
+    assert (verdict.fall_back, verdict.reason) == (False, "resend_as_template")
+    assert resends_as_template(verdict, attempt_purpose="first", has_template=True)
+    assert not resends_as_template(verdict, attempt_purpose="template", has_template=True)  # once
+    assert not resends_as_template(verdict, attempt_purpose="fallback", has_template=True)
+    assert not resends_as_template(classify_failure("131026: x", FallbackRules()), attempt_purpose="first",
+                                   has_template=True)
+
+
+def test_131047_without_a_template_falls_back_since_nothing_else_can_go_out() -> None:
+    verdict = classify_failure("131047: Re-engagement message", FallbackRules(), has_template=False)
+    assert (verdict.fall_back, verdict.reason, verdict.code) == (True, "window_closed_no_template", "131047")
+    assert not resends_as_template(verdict, attempt_purpose="first", has_template=False)
