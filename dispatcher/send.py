@@ -112,8 +112,17 @@ def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
 
     Nothing is called while the workspace's circuit breaker is open (it refused our token, or
     could not be reached): the notification waits, saying why, until one worker's probe gets
-    through (:mod:`dispatcher.policy.breaker`).
+    through (:mod:`dispatcher.policy.breaker`). A wait longer than the retry plan's
+    ``max_countdown_s`` comes back ``deferred``: the caller keeps it as a due time, never as a
+    broker countdown.
     """
+    result = _run(notification_id, ctx)
+    if result.outcome is Outcome.RETRY and not result.deferred and result.delay_s > ctx.plan.max_countdown_s:
+        return replace(result, deferred=True)
+    return result
+
+
+def _run(notification_id: int, ctx: SendContext) -> SendResult:
     gate = ctx.breaker.gate()
     if isinstance(gate, Pause):
         return _wait_for_workspace(notification_id, None, gate, ctx)
@@ -398,13 +407,11 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:  # refused or never connected: nothing was sent
         return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
     if error.ambiguous:
-        # It may exist: the next run looks before it sends (state unknown skips the lease wait).
-        no_resend = not decision.resend_allowed or decision.kind is DecisionKind.GIVE_UP
+        # It may exist: the next run looks before it sends (state unknown skips the lease wait). The
+        # policy never gives up blind on an ambiguous write: its answer here is "look first".
         with ctx.sessions.begin() as session:
             moves.mark_unknown(session, attempt_id=job.attempt_id, now=ctx.clock(),
-                               no_resend_reason=decision.error_kind if no_resend else None)
-        if decision.kind is DecisionKind.GIVE_UP:
-            decision = Decision(DecisionKind.CHECK_THEN_RETRY, 1.0, decision.reason, decision.error_kind, resend_allowed=False)
+                               no_resend_reason=None if decision.resend_allowed else decision.error_kind)
     elif decision.kind is not DecisionKind.GIVE_UP:
         _release(job, ctx)
     return _apply(decision, job, ctx)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
+from dispatcher.policy import channels as channel_rules
 from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.models import (
     AppliedStatus,
@@ -32,7 +33,6 @@ from dispatcher.models import (
 )
 from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
 
-SERVICE_WINDOW = timedelta(hours=24)
 
 # The send path runs these for every notification: Core statements on the tables skip the ORM's
 # per-statement bookkeeping, and a prebuilt one skips rebuilding its expression each time.
@@ -349,7 +349,7 @@ def cached_target(
     if not rows:
         return None, None, None, False
     row = min(rows, key=lambda found: list(keys).index(found.identity_key))  # identifier before phone
-    window = row.last_incoming_at is not None and now - row.last_incoming_at < SERVICE_WINDOW
+    window = channel_rules.window_open(row.last_incoming_at, now=now)
     return row.contact_id, row.source_id, row.conversation_id, window
 
 
@@ -360,7 +360,7 @@ def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id:
             _same_pair(ServiceWindow, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
-    return last is not None and now - last < SERVICE_WINDOW
+    return channel_rules.window_open(last, now=now)
 
 
 # --- delivery tracking ----------------------------------------------------------------------

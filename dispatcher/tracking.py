@@ -21,7 +21,7 @@ from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import moves
 from dispatcher.models import Attempt, Notification
-from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template
+from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import next_read_at
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.resolve import call_api
@@ -29,9 +29,6 @@ from dispatcher.webhooks.events import EventSummary
 
 log = logging.getLogger(__name__)
 
-# A send that failed before any message existed falls back, except where another route would
-# fail the same way or a person must act first.
-_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal"})
 
 
 @dataclass(frozen=True)
@@ -221,7 +218,7 @@ def decide_after_send_failure(
     notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext, enqueuer: Enqueuer | None
 ) -> str:
     """The first attempt failed before any message existed: decide once, like any failure."""
-    fall_back = error_kind not in _SEND_FAILURES_WITHOUT_FALLBACK
+    fall_back = send_failure_falls_back(error_kind)
     return decide_fallback(
         notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer,
         error_kind=error_kind, error_detail=error_detail,

@@ -34,7 +34,7 @@ def send(self: Task, notification_id: int) -> str:
     if result.outcome is Outcome.RETRY:
         # The reason names operations, statuses and error kinds only: never content or contacts.
         log.info("notification %s: retry in %.1fs (%s)", notification_id, result.delay_s, result.reason)
-        if result.deferred or result.delay_s > context.plan.max_countdown_s:
+        if result.deferred:  # the send path says when a wait is too long for a broker countdown
             with context.sessions.begin() as session:
                 store.defer(session, int(notification_id), at=context.clock() + timedelta(seconds=result.delay_s))
             return "deferred"

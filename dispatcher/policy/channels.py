@@ -18,6 +18,7 @@ always accepted, free text is not.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -84,3 +85,11 @@ def _position(key: str) -> int:
     if not (isinstance(key, str) and key.isdigit() and key == str(int(key))):
         raise InvalidEvent("template.body", 'keys must be "1", "2", ... without gaps')
     return int(key)
+
+
+SERVICE_WINDOW = timedelta(hours=24)  # opened by each incoming customer message (field notes)
+
+
+def window_open(last_incoming_at: datetime | None, *, now: datetime) -> bool:
+    """Whether the customer-service window is open: the contact wrote in less than 24 hours ago."""
+    return last_incoming_at is not None and now - last_incoming_at < SERVICE_WINDOW

@@ -33,7 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template"]
+__all__ = ["FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template",
+           "send_failure_falls_back"]
 
 # code -> (reason, falls back by default). A rule set that moves a code to the other side gets
 # a configured_* reason, so a reason never contradicts its verdict.
@@ -103,3 +104,13 @@ def resends_as_template(verdict: FallbackVerdict, *, attempt_purpose: str, has_t
     carries an approved template: send that template once, on the same route, as a new attempt,
     before any fallback decision. A template attempt that fails is decided like any failure."""
     return verdict.code == "131047" and attempt_purpose == "first" and has_template
+
+
+# A send that failed before any message existed falls back, except where another route would fail
+# the same way (the whole workspace refused us, or could not be reached) or a person must act first.
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal"})
+
+
+def send_failure_falls_back(error_kind: str) -> bool:
+    """Whether an attempt that ended before any message existed (``error_kind``) falls back."""
+    return error_kind not in _SEND_FAILURES_WITHOUT_FALLBACK
