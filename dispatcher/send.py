@@ -128,9 +128,13 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
         return _wait_for_workspace(notification_id, None, gate, ctx)
     try:
         ctx.inboxes.warm()  # an API call at most once per cache period, never inside a transaction
-        job_or_result = _load(notification_id, ctx)
     except ApiError as error:
-        return _apply_before_job(error, notification_id, ctx)
+        paused = _pause_before_job(error, notification_id, ctx)
+        if paused is not None:
+            return paused
+        # Any other failure: the slow path lists the inboxes again, inside the job, where a
+        # failure counts one of the attempt's tries, so it cannot loop past the retry limit.
+    job_or_result = _load(notification_id, ctx)
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
@@ -195,13 +199,15 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
     return SendResult(Outcome.FAILED, f"{pause.reason}: past the send deadline", paused=True)
 
 
-def _apply_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult:
+def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:
+    """The inbox list failed before the run took its attempt: only a reason to pause every
+    worker (a refused token, no connection) stops the run here; a 429 also pauses the limiter."""
     decision = decide(error, tries=1, plan=ctx.plan, rng=ctx.rng)
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
         return _pause_workspace(decision, notification_id, None, ctx)
     if decision.pause_s > 0:
         ctx.limiter.pause(decision.pause_s)
-    return SendResult(Outcome.RETRY, decision.reason, delay_s=max(decision.delay_s, 1.0))
+    return None
 
 
 def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:

@@ -277,3 +277,15 @@ def test_a_second_404_fails_the_notification_as_not_found_without_a_duplicate(
     finally:
         forward.close()
     assert sandbox.messages() == []
+
+
+def test_an_inbox_list_that_always_fails_uses_up_the_tries_and_ends(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a workspace whose listInboxes answers 503 every time (a fresh process: nothing cached)
+    context.inboxes._listed_at = None
+    sandbox.set_faults({"listInboxes": {"server_error_share": 1.0}})
+    notification_id = _accept(context, reminder("evt-inbox-5xx", identifier="pat-inbox", phone="+15550300093"))
+    # When the send runs again and again, then the retry limit holds: it ends, saying why
+    results = drive(context, notification_id)
+    assert results[-1].outcome is Outcome.FAILED and len(results) == context.plan.max_tries
+    record = intake.status(context.sessions, "evt-inbox-5xx")
+    assert record.attempts[0].error_kind == "tries_exhausted" and record.attempts[0].tries == context.plan.max_tries
