@@ -70,7 +70,7 @@ def serve_worker_metrics(port: int, *, host: str, sessions: sessionmaker[Session
 
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry.register(REGISTRY)
     if sessions is not None:

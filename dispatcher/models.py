@@ -10,7 +10,7 @@ is deleted as soon as no further send can happen.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -21,6 +21,7 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     String,
+    Table,
     TypeDecorator,
     UniqueConstraint,
 )
@@ -218,3 +219,8 @@ class AppliedStatus(Base):
     message_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     status: Mapped[str] = mapped_column(String(20), primary_key=True)
     applied_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A model's Core table, typed as one (the declarative stubs say FromClause)."""
+    return cast(Table, model.__table__)

@@ -16,8 +16,8 @@ MAINTENANCE_QUEUE = "dispatcher.maintenance"
 SEND_TASK = "dispatcher.send"
 SWEEP_TASK = "dispatcher.sweep"
 OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row ID
-TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"
-RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period  # deadlines, reconciliation, unprocessed deliveries
+TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
+RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period
 
 # Longer than any task can run (HTTP timeouts x retries inside one run stay far below it), so a
 # Redis broker redelivers a task only when its worker really died.

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES
+from dispatcher.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery, table_of
 
 BATCH = 1000  # rows a statement; short transactions, so senders are never held up for long
 
@@ -33,31 +33,31 @@ def purge(sessions: sessionmaker[Session], *, retention_days: float, now: dateti
     report = RetentionReport()
     with sessions.begin() as session:
         report.content_hashes = _count(session.execute(
-            update(Attempt.__table__)
-            .where(Attempt.__table__.c.state.in_([state.value for state in ACCEPTED_ATTEMPT_STATES]),
-                   Attempt.__table__.c.content_hash.is_not(None))
+            update(table_of(Attempt))
+            .where(table_of(Attempt).c.state.in_([state.value for state in ACCEPTED_ATTEMPT_STATES]),
+                   table_of(Attempt).c.content_hash.is_not(None))
             .values(content_hash=None)
         ))
     for _ in range(max_batches):
         with sessions.begin() as session:
             ids = list(session.scalars(
-                Notification.__table__.select().with_only_columns(Notification.__table__.c.id)
-                .where(Notification.__table__.c.created_at < cutoff).limit(BATCH)
+                table_of(Notification).select().with_only_columns(table_of(Notification).c.id)
+                .where(table_of(Notification).c.created_at < cutoff).limit(BATCH)
             ))
             if not ids:
                 break
             # Attempts and payloads first: SQLite enforces the foreign keys without cascading by itself.
-            session.execute(delete(Attempt.__table__).where(Attempt.__table__.c.notification_id.in_(ids)))
-            session.execute(delete(Payload.__table__).where(Payload.__table__.c.notification_id.in_(ids)))
+            session.execute(delete(table_of(Attempt)).where(table_of(Attempt).c.notification_id.in_(ids)))
+            session.execute(delete(table_of(Payload)).where(table_of(Payload).c.notification_id.in_(ids)))
             report.notifications += _count(session.execute(
-                delete(Notification.__table__).where(Notification.__table__.c.id.in_(ids))
+                delete(table_of(Notification)).where(table_of(Notification).c.id.in_(ids))
             ))
     with sessions.begin() as session:
         report.deliveries = _count(session.execute(
-            delete(WebhookDelivery.__table__).where(WebhookDelivery.__table__.c.received_at < cutoff)
+            delete(table_of(WebhookDelivery)).where(table_of(WebhookDelivery).c.received_at < cutoff)
         ))
         report.applied_statuses = _count(session.execute(
-            delete(AppliedStatus.__table__).where(AppliedStatus.__table__.c.applied_at < cutoff)
+            delete(table_of(AppliedStatus)).where(table_of(AppliedStatus).c.applied_at < cutoff)
         ))
     return report
 

@@ -27,6 +27,13 @@ from dispatcher.api import ApiError, Message, NotFound
 from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.errors import InvalidEvent
 from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import (
+    SENDABLE_ATTEMPT_STATES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptPurpose,
+    AttemptState,
+    attempt_state_from_status,
+)
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.ratelimit import route_bucket
@@ -43,13 +50,6 @@ from dispatcher.resolve import (
     resolve_source_id,
 )
 from dispatcher.settings import Route
-from dispatcher.lifecycle.states import (
-    SENDABLE_ATTEMPT_STATES,
-    AttemptPurpose,
-    SENDABLE_NOTIFICATION_STATES,
-    AttemptState,
-    attempt_state_from_status,
-)
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +371,7 @@ def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str
     )
     body: dict[str, Any] = {"content": job.payload["content"]}
     if kind is MessageKind.TEMPLATE:
+        assert template is not None  # choose_message_kind refuses a template kind without one
         registered = ctx.settings.template(template["name"], template["language"])
         if registered is None:
             raise InvalidEvent("template.name", "is no longer in the template registry")

@@ -17,8 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
-from dispatcher.policy import channels as channel_rules
-from dispatcher.policy.readback import READ_BACK_STATES
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
 from dispatcher.models import (
     AppliedStatus,
     Attempt,
@@ -29,16 +28,17 @@ from dispatcher.models import (
     Payload,
     ServiceWindow,
     WebhookDelivery,
+    table_of,
     utcnow,
 )
-from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
-
+from dispatcher.policy import channels as channel_rules
+from dispatcher.policy.readback import READ_BACK_STATES
 
 # The send path runs these for every notification: Core statements on the tables skip the ORM's
 # per-statement bookkeeping, and a prebuilt one skips rebuilding its expression each time.
-NOTIFICATIONS = Notification.__table__
-ATTEMPTS = Attempt.__table__
-PAYLOADS = Payload.__table__
+NOTIFICATIONS = table_of(Notification)
+ATTEMPTS = table_of(Attempt)
+PAYLOADS = table_of(Payload)
 
 _CURRENT = ATTEMPTS.alias("current_attempt_row")
 _LOAD_FOR_SEND = (
@@ -327,11 +327,12 @@ def cached_target(
     source_id, conversation display ID, and whether the service window is open."""
     if not keys:
         return None, None, None, False
-    same_pair = (
-        lambda model: (model.account_id == KnownContact.account_id)
-        & (model.contact_id == KnownContact.contact_id)
-        & (model.inbox_id == inbox_id)
-    )
+    def same_pair(model: Any) -> Any:
+        return (
+            (model.account_id == KnownContact.account_id)
+            & (model.contact_id == KnownContact.contact_id)
+            & (model.inbox_id == inbox_id)
+        )
     rows = session.execute(
         select(
             KnownContact.identity_key,
@@ -380,7 +381,7 @@ def record_applied_status(session: Session, message_id: int, status: str) -> boo
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
-    table = AppliedStatus.__table__
+    table = table_of(AppliedStatus)
     inserted = session.execute(
         insert(table)
         .values(message_id=message_id, status=status, applied_at=utcnow())
@@ -501,7 +502,7 @@ def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | N
 
 def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
     """One more consumer run of an unprocessed delivery: its try number, or None when it is done."""
-    deliveries = WebhookDelivery.__table__
+    deliveries = table_of(WebhookDelivery)
     return session.execute(
         update(deliveries)
         .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
@@ -511,15 +512,15 @@ def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
 
 
 def note_delivery_error(session: Session, delivery_row_id: int, *, error: str) -> None:
-    deliveries = WebhookDelivery.__table__
+    deliveries = table_of(WebhookDelivery)
     session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(last_error=error[:80]))
 
 
 def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
-    deliveries = WebhookDelivery.__table__
+    deliveries = table_of(WebhookDelivery)
     result = session.execute(
         update(deliveries)
         .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
         .values(processed_at=now, outcome=outcome[:40])
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]

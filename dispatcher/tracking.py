@@ -14,16 +14,15 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-
 from dispatcher import metrics, store
 from dispatcher.api import ApiError
 from dispatcher.context import SendContext, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.models import Attempt, Notification
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import next_read_at
-from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.resolve import call_api
 from dispatcher.webhooks.events import EventSummary
 
@@ -132,7 +131,7 @@ def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: 
     return found
 
 
-def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer) -> str:
+def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
     """Move the attempt forward (never back), once per (message, status); decide on a failure."""
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()

@@ -132,10 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandbox: {state}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    fast = {
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
-        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-    }
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     server_config = uvicorn.Config(
         create_app(sandbox=sandbox),
         host=args.host,
@@ -144,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=1,  # a request held by a fault must not delay shutdown
-        **fast,
+        http=http,
+        loop=loop,
     )
     server = AnnouncingServer(server_config, lambda host, port: banner(sandbox, host=host, port=port, state=state))
     logging.getLogger("uvicorn.error").addFilter(QuietDroppedResponses())

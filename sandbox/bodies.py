@@ -8,6 +8,7 @@ on createMessage). A violation answers 422; the answer names fields, never echoe
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -87,7 +88,7 @@ class MessageCreate(Body):
 
 
 class InitialMessage(MessageCreate):
-    template_params: LegacyTemplateParams | None = None  # type: ignore[assignment]
+    template_params: LegacyTemplateParams | None = None
 
 
 class ConversationCreate(Body):
@@ -136,6 +137,6 @@ class Incoming(Body):
         return self
 
 
-def describe_errors(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
+def describe_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Field path and reason only: values may be phone numbers or health data."""
     return [{"field": ".".join(str(p) for p in err.get("loc", ())) or "body", "reason": err.get("msg", "")} for err in errors]

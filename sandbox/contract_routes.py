@@ -29,6 +29,7 @@ from sandbox import shapes
 from sandbox.bodies import ContactCreate, ConversationCreate, MessageCreate, WebhookCreate
 from sandbox.config import CHANNEL_PLATFORM
 from sandbox.faults import DroppedResponse
+from sandbox.records import ContactRec, NotFound, Unprocessable
 from sandbox.responses import (
     HttpError,
     int_query,
@@ -36,12 +37,11 @@ from sandbox.responses import (
     parse_body,
     read_json_object,
     retry_later,
-    validation_error,
     validate_model,
+    validation_error,
 )
 from sandbox.runtime import OverSendCap, Sandbox
 from sandbox.state import RANDOM_ID_CHANNELS
-from sandbox.records import ContactRec, NotFound, Unprocessable
 
 Handler = Callable[[Request, Sandbox, int], Awaitable[Response]]
 CONTACTS_PAGE, CONVERSATIONS_PAGE = 15, 25
@@ -251,7 +251,7 @@ async def list_messages(request: Request, sandbox: Sandbox, account_id: int) -> 
     before = int_query(request, "before")
     after = int_query(request, "after")
     rows = store.page_messages(conversation, before=before, after=after)
-    meta = {
+    meta: dict[str, object] = {
         "labels": [],
         "additional_attributes": dict(conversation.additional_attributes),
         "contact": shapes.contact_json(store.contacts[conversation.contact_id]),

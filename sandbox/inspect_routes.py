@@ -15,9 +15,9 @@ from starlette.routing import Route
 
 from sandbox import shapes
 from sandbox.bodies import Incoming, describe_errors
+from sandbox.records import NotFound
 from sandbox.responses import HttpError, int_query, json_error, parse_body
 from sandbox.runtime import Sandbox
-from sandbox.records import NotFound
 
 MESSAGE_FILTERS = ("account_id", "conversation_id", "inbox_id", "contact_id")
 

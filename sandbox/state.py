@@ -44,6 +44,7 @@ from sandbox.records import (
     Unprocessable,
     WebhookRec,
 )
+
 RANDOM_ID_CHANNELS = frozenset({CHANNEL_API, CHANNEL_WEB_WIDGET})  # source_id is a random UUID
 FIRST_IDS = {"contact": 1, "contact_inbox": 5001, "conversation": 1001, "message": 1, "webhook": 1}
 

@@ -7,15 +7,15 @@ environment like everywhere else; task and queue names from :mod:`dispatcher.que
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
 from dispatcher.queues import (
     MAINTENANCE_QUEUE,
+    OUTCOME_TASK,
     OUTCOMES_QUEUE,
+    RETENTION_TASK,
     SEND_QUEUE,
     SEND_TASK,
-    OUTCOME_TASK,
-    RETENTION_TASK,
     SWEEP_TASK,
     TRACKING_SWEEP_TASK,
     broker_transport_options,
@@ -40,7 +40,7 @@ def create_app(settings: Settings) -> Celery:
         ),
         broker_connection_retry_on_startup=True,
         # Each queue its own direct exchange and routing key, so a route by queue name always lands.
-        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
                      for name in (SEND_QUEUE, OUTCOMES_QUEUE, MAINTENANCE_QUEUE)],
         task_default_queue=SEND_QUEUE,
         task_routes={

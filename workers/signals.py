@@ -37,4 +37,4 @@ def _forget_child_metrics(pid: int | None = None, **_: object) -> None:
     if pid is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid)
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

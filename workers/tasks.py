@@ -14,9 +14,9 @@ from celery import Task
 from dispatcher import store
 from dispatcher.metrics import SEND_RESULTS
 from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
-from dispatcher.retention import purge
 from dispatcher.reconcile import process_delivery, tracking_sweep
 from dispatcher.resolve import Wait
+from dispatcher.retention import purge
 from dispatcher.send import Outcome, send_notification
 from dispatcher.sweep import sweep as run_sweep
 from workers import runtime

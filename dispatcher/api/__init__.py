@@ -7,13 +7,36 @@ and the one mapping from httpx), ``paging`` (bounded iterators), ``contacts`` (e
 
 from dispatcher.api.client import WorkspaceClient, quiet_http_logging
 from dispatcher.api.contacts import find_contact_exact
-from dispatcher.api.errors import (AccessDenied, ApiError, ApiStatusError, Forbidden, NotFound,
-                                   NotSent, OutcomeUnknown, RateLimited, Rejected, ServerError,
-                                   Unauthorized, UnexpectedResponse, map_errors)
+from dispatcher.api.errors import (
+    AccessDenied,
+    ApiError,
+    ApiStatusError,
+    Forbidden,
+    NotFound,
+    NotSent,
+    OutcomeUnknown,
+    RateLimited,
+    Rejected,
+    ServerError,
+    Unauthorized,
+    UnexpectedResponse,
+    map_errors,
+)
 from dispatcher.api.paging import iter_conversations, iter_messages, iter_search_results
-from dispatcher.api.records import (Contact, ContactCreated, ContactInbox, Conversation,
-                                    ConversationPage, Inbox, Message, MessagePage, MessageStatus,
-                                    MessageType, SearchPage, Webhook)
+from dispatcher.api.records import (
+    Contact,
+    ContactCreated,
+    ContactInbox,
+    Conversation,
+    ConversationPage,
+    Inbox,
+    Message,
+    MessagePage,
+    MessageStatus,
+    MessageType,
+    SearchPage,
+    Webhook,
+)
 from dispatcher.api.shared import close_shared_clients, shared_client
 
 __all__ = [

@@ -29,9 +29,18 @@ import httpx
 from pydantic import SecretStr
 
 from dispatcher.api.errors import ApiError, Context, UnexpectedResponse, map_errors
-from dispatcher.metrics import API_ERRORS
-from dispatcher.api.records import (ContactCreated, ContactInbox, Conversation, ConversationPage,
-                                    Inbox, Message, MessagePage, SearchPage, Webhook, parse_list)
+from dispatcher.api.records import (
+    ContactCreated,
+    ContactInbox,
+    Conversation,
+    ConversationPage,
+    Inbox,
+    Message,
+    MessagePage,
+    SearchPage,
+    Webhook,
+    parse_list,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "CONVERSATION_STATUSES", "WEBHOOK_SUBSCRIPTIONS",
            "WorkspaceClient", "quiet_http_logging"]

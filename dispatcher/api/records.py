@@ -26,8 +26,7 @@ import functools
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
-                      SecretStr, TypeAdapter, model_validator)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, model_validator
 
 __all__ = [
     "Contact",
@@ -254,7 +253,8 @@ class SearchPage(_Record):
         data = _unwrap(data, "data")
         if not isinstance(data, dict) or "contacts" in data:
             return data
-        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        found = data.get("meta")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
         return {**meta, "contacts": data.get("payload")}  # absent: an error, not "no results"
 
 
@@ -307,4 +307,4 @@ def parse_list(model: type[RecordT], body: Any, *keys: str) -> list[RecordT]:
     pydantic's ``ValidationError``.
     """
     items = _unwrap(body, *(keys or ("payload",)))
-    return _list_adapter(model).validate_python(items)  # type: ignore[return-value]
+    return _list_adapter(model).validate_python(items)

@@ -12,10 +12,10 @@ import click
 
 from dispatcher.cli.config_commands import config_group, inboxes_command
 from dispatcher.cli.demo_command import demo_command
-from dispatcher.cli.notification_commands import db_group, list_command, notify_command, status_command
 from dispatcher.cli.flower_command import flower_command
-from dispatcher.cli.webhook_commands import receiver_command, webhooks_group
+from dispatcher.cli.notification_commands import db_group, list_command, notify_command, status_command
 from dispatcher.cli.process_commands import beat_command, consumer_command, sandbox_command, worker_command
+from dispatcher.cli.webhook_commands import receiver_command, webhooks_group
 from dispatcher.errors import DispatcherError
 
 EXIT_USAGE = 2

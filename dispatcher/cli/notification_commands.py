@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from dispatcher.record import NotificationRecord
 
+if TYPE_CHECKING:
+    from dispatcher.service import Dispatcher
 
-def _dispatcher():  # type: ignore[no-untyped-def]
+
+def _dispatcher() -> Dispatcher:
     from dispatcher.service import default_dispatcher
 
     return default_dispatcher()
@@ -18,7 +21,7 @@ def _dispatcher():  # type: ignore[no-untyped-def]
 
 @click.command("notify")
 @click.option("--file", "-f", "source", type=click.File("rb"), required=True, help="A JSON request, or - for stdin.")
-def notify_command(source: click.utils.LazyFile) -> None:
+def notify_command(source: IO[bytes]) -> None:
     """Hand over one notification request (JSON); print its event_id and state as JSON.
 
     The same event handed over again prints the stored notification; a different request

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Row, Table, case, exists, func, or_, update
+from sqlalchemy import Row, case, exists, func, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, Side
-from dispatcher.models import Attempt, Notification
+from dispatcher.models import Attempt, Notification, table_of
 
-NOTIFICATIONS = cast(Table, Notification.__table__)  # declarative tables are Tables; the stubs say FromClause
-ATTEMPTS = cast(Table, Attempt.__table__)
+NOTIFICATIONS = table_of(Notification)
+ATTEMPTS = table_of(Attempt)
 DETAIL_MAX_CHARS = 200  # the error_detail columns
 
 

@@ -7,12 +7,9 @@ every worker, and the global pause after a 429), ``channels`` (template or free 
 
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.channels import MessageKind, TemplateRef, choose_message_kind, template_params
-from dispatcher.policy.fallback import (FallbackRules, FallbackVerdict, classify_failure,
-                                        parse_error_code)
-from dispatcher.policy.ratelimit import (WINDOW_S, Limit, Limiter, LocalLimiter, RedisLimiter,
-                                         acquire_all, route_bucket)
-from dispatcher.policy.retry import (Decision, DecisionKind, RetryPlan, classify_error, decide,
-                                     is_final)
+from dispatcher.policy.fallback import FallbackRules, FallbackVerdict, classify_failure, parse_error_code
+from dispatcher.policy.ratelimit import WINDOW_S, Limit, Limiter, LocalLimiter, RedisLimiter, acquire_all, route_bucket
+from dispatcher.policy.retry import Decision, DecisionKind, RetryPlan, classify_error, decide, is_final
 
 __all__ = [
     "WINDOW_S",

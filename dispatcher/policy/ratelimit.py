@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import redis
@@ -225,7 +225,7 @@ class RedisLimiter:
         self._pause(keys=[self.key()], args=[_now_ms(self._clock) + pause_ms, pause_ms + 1000])
 
     def paused_for(self) -> float:
-        value = self._client.get(self.key())
+        value: Any = self._client.get(self.key())  # bytes from a synchronous client
         if value is None:
             return 0.0
         return max(0.0, (float(value) - _now_ms(self._clock)) / 1000.0)

@@ -24,12 +24,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.models import WebhookDelivery
+from dispatcher.models import WebhookDelivery, table_of
 from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, broker_transport_options
 
 Publish = Callable[[int], None]
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
-_TABLE = WebhookDelivery.__table__
+_TABLE = table_of(WebhookDelivery)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
         if dialect not in _INSERTS:
             raise ConfigurationError("DISPATCHER_DATABASE_URL", f"the receiver needs SQLite or PostgreSQL, not {dialect}")
         # Core executemany: compiled once and cached, sent as multi-row VALUES ("insertmanyvalues").
-        statement = (_INSERTS[dialect](_TABLE).on_conflict_do_nothing(index_elements=["delivery_id"])
+        statement = (_INSERTS[dialect](_TABLE).on_conflict_do_nothing(index_elements=["delivery_id"])  # type: ignore[attr-defined]
                      .returning(_TABLE.c.id, _TABLE.c.delivery_id))
         inserted = {delivery_id: row_id for row_id, delivery_id in connection.execute(statement, rows)}
         session.commit()

@@ -24,9 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from common import BENCH_SANDBOX, accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
-
 import naive_client
+from common import (
+    BENCH_SANDBOX,
+    accepted_count,
+    emit,
+    environment,
+    redis_database,
+    reminder,
+    settings_from,
+    start_worker,
+    stop,
+    temp_database,
+    wait_until,
+)
 
 
 def _calls(sandbox: Any) -> dict[str, int]:

@@ -277,7 +277,8 @@ def cpu_seconds(worker_pids: list[int] = ()) -> dict[str, float]:  # type: ignor
         elif name.startswith("redis-server"):
             totals["redis"] += used
     system = psutil.cpu_times()
-    totals["machine"] = system.user + system.system + getattr(system, "nice", 0.0) + getattr(system, "irq", 0.0) + getattr(system, "softirq", 0.0)
+    extras = sum(getattr(system, name, 0.0) for name in ("nice", "irq", "softirq"))
+    totals["machine"] = system.user + system.system + extras
     return totals
 
 

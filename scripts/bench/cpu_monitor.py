@@ -28,7 +28,7 @@ class CpuMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "CpuMonitor":
+    def __enter__(self) -> CpuMonitor:
         self._thread.start()
         return self
 
@@ -93,7 +93,7 @@ class CpuMonitor:
 def _busiest(samples: list[tuple[float, float]], busy_share: float = 0.2) -> tuple[tuple[float, float], tuple[float, float]] | None:
     """The contiguous run of samples using more than ``busy_share`` of a core that used the most CPU."""
     best, run_start = None, None
-    for previous, current in zip(samples, samples[1:]):
+    for previous, current in zip(samples, samples[1:], strict=False):
         rate = (current[1] - previous[1]) / max(current[0] - previous[0], 1e-6)
         if rate > busy_share:
             run_start = run_start or previous

@@ -128,7 +128,7 @@ def send_all(context: Any, ids: list[int], clock: DriverClock | None) -> dict[st
         result = send_notification(notification_id, context)
         walls.append(time.perf_counter() - started)
         outcomes[result.outcome.value] += 1
-    db_seconds, statements, commits = (a - b for a, b in zip(clock.read(), db_before)) if clock else (0.0, 0, 0)
+    db_seconds, statements, commits = (a - b for a, b in zip(clock.read(), db_before, strict=True)) if clock else (0.0, 0, 0)
     n = len(ids)
     return {
         "sends": n,
@@ -166,7 +166,7 @@ def profile_sends(context: Any, ids: list[int]) -> dict[str, Any]:
     stats = pstats.Stats(profiler)
     groups: dict[str, float] = defaultdict(float)
     functions: list[tuple[float, str]] = []
-    for (filename, line, name), (_cc, _nc, own, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, _line, name), (_cc, _nc, own, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
         groups[_group(filename, name)] += own
         if "/dispatcher/" in filename and "/site-packages/" not in filename:
             functions.append((cumulative, f"{filename.split('/dispatcher/')[-1]}:{name}"))

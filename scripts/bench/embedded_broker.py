@@ -53,7 +53,7 @@ def measure(broker_url: str, workdir: Path) -> dict[str, float]:
             done = int(counter.get("bench:noop:done") or 0)
             started = time.perf_counter()
             producer.send_task("bench.noop", args=[number], queue=SEND_QUEUE)
-            _wait(lambda: int(counter.get("bench:noop:done") or 0) > done)
+            _wait(lambda before=done: int(counter.get("bench:noop:done") or 0) > before)
             latencies.append(time.perf_counter() - started)
         return {"tasks_per_s": round(throughput, 1), "latency_median_ms": round(statistics.median(latencies) * 1000, 1)}
     finally:

@@ -29,9 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import BENCH_SANDBOX, emit, environment, event_of, redis_database, reminder, settings_from, settled_count, start_beat, start_worker, stop, temp_database, wait_until
-
 import naive_client
+from common import (
+    BENCH_SANDBOX,
+    emit,
+    environment,
+    event_of,
+    redis_database,
+    reminder,
+    settings_from,
+    settled_count,
+    start_beat,
+    start_worker,
+    stop,
+    temp_database,
+    wait_until,
+)
 
 OPERATIONS = ("listInboxes", "searchContacts", "createContact", "listContactableInboxes", "listConversations",
               "createConversation", "listMessages", "createMessage", "listWebhooks", "createWebhook")

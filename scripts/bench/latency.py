@@ -4,7 +4,8 @@ The dispatcher: one real Celery worker (the same settings as scripts/bench/send_
 prefork, ``--concurrency`` processes, Redis broker, PostgreSQL store), ``--contacts`` known
 contacts (warmed first, so every send is a warm-path send, as in the capacity figure). Then
 this process hands notifications over with ``notify()`` at ``--rate`` a second, evenly spaced,
-for ``--seconds``, from ``--intake-threads`` threads (as a host's request threads would). Latency per notification, from PostgreSQL: ``attempts.accepted_at -
+for ``--seconds``, from ``--intake-threads`` threads (as a host's request threads would).
+Latency per notification, from PostgreSQL: ``attempts.accepted_at -
 notifications.created_at`` (intake's start to the acceptance record after createMessage).
 
 The baseline, in the same run: a no-op Celery task (scripts/bench/noop_app.py) published at the
@@ -24,7 +25,23 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import BENCH_SANDBOX, REPO, accepted_count, cpu_ms_per_item, cpu_seconds, emit, environment, percentile, redis_database, reminder, settings_from, start_worker, stop, temp_database, wait_until
+from common import (
+    BENCH_SANDBOX,
+    REPO,
+    accepted_count,
+    cpu_ms_per_item,
+    cpu_seconds,
+    emit,
+    environment,
+    percentile,
+    redis_database,
+    reminder,
+    settings_from,
+    start_worker,
+    stop,
+    temp_database,
+    wait_until,
+)
 
 
 def paced(rate: float, seconds: float, action: Any, *, threads: int = 1) -> dict[str, float]:

@@ -24,7 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401
-from common import BENCH_SANDBOX, PHONE_PREFIX, accepted_count, emit, environment, redis_database, reminder, settings_from, start_worker, stop, temp_database
+from common import (
+    BENCH_SANDBOX,
+    PHONE_PREFIX,
+    accepted_count,
+    emit,
+    environment,
+    redis_database,
+    reminder,
+    settings_from,
+    start_worker,
+    stop,
+    temp_database,
+)
 
 CONTENT_TAIL = ": your appointment is tomorrow at 09:00"
 

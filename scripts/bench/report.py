@@ -438,9 +438,9 @@ def draw_plot(results: dict[str, Any], path: Path) -> None:
         x = range(len(phases))
         ax.bar([i - 0.2 for i in x], base, width=0.4, label="hand-written baseline", color="tab:gray")
         ax.bar([i + 0.2 for i in x], ours, width=0.4, label="dispatcher", color="tab:blue")
-        for i, target in zip(x, (4, 1)):
+        for i, target in zip(x, (4, 1), strict=False):
             ax.plot([i + 0.0, i + 0.4], [target, target], color="black", linewidth=2)
-        for i, (o, bb) in enumerate(zip(ours, base)):
+        for i, (o, bb) in enumerate(zip(ours, base, strict=False)):
             ax.text(i + 0.2, o, f"{o:.2f}", ha="center", va="bottom", fontsize=9)
             ax.text(i - 0.2, bb, f"{bb:.2f}", ha="center", va="bottom", fontsize=9)
         ax.set_xticks(list(x), ["new contact", "known contact"])
@@ -457,7 +457,7 @@ def draw_plot(results: dict[str, Any], path: Path) -> None:
         x = range(len(kinds))
         ax.bar([i - 0.2 for i in x], base, width=0.4, label="hand-written baseline", color="tab:gray")
         ax.bar([i + 0.2 for i in x], ours, width=0.4, label="dispatcher", color="tab:blue")
-        for i, (o, bb) in enumerate(zip(ours, base)):
+        for i, (o, bb) in enumerate(zip(ours, base, strict=False)):
             ax.text(i - 0.2, bb, str(bb), ha="center", va="bottom", fontsize=9)
             ax.text(i + 0.2, o, str(o), ha="center", va="bottom", fontsize=9)
         ax.set_xticks(list(x), ["duplicated events", "lost events"])

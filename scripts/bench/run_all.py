@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         results["benchmarks"][name] = run_one(name, argv_of, log_dir)
         if name == "send_path":  # it flushes its Redis database before, not after
             import redis
-
             from common import REDIS_URL
 
             redis.Redis.from_url(f"{REDIS_URL}/10").flushdb()

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from common import BENCH_SANDBOX, cpu_seconds  # noqa: E402  (scripts/bench/common.py, beside this script)
+
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
 

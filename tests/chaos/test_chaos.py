@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-
 from chaos_harness import (
     CONSUMERS,
     INTAKE_PER_S,
@@ -43,12 +42,14 @@ from chaos_harness import (
     time_budget_s,
     unprocessed_deliveries,
 )
+
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(time_budget_s())]
 
-TEARDOWN_RESERVE_S = 75.0
-STALL_S = 90.0  # longer than the route's delivery deadline and the 30 s before lost deliveries are republished  # kept back from the budget for the checks, the report and stopping everything
+TEARDOWN_RESERVE_S = 75.0  # kept back from the budget for the checks, the report and stopping everything
+# Longer than the route's delivery deadline and the 30 s before lost deliveries are republished.
+STALL_S = 90.0
 DECISION_LINE = re.compile(r"notification (\d+): fallback decision (\w+)")
 TASK_RESULT = re.compile(r"Task (dispatcher\.\w+)\[[^\]]+\] succeeded in [0-9.]+s: '?(\w+)")
 TASK_RAISED = re.compile(r"Task (dispatcher\.\w+)\[[^\]]+\] raised unexpected: (\w+)")

@@ -51,6 +51,7 @@ def test_worker_metrics_count_sends_latency_and_states(
                        timeout_s=30, what="the accepted sends in the metrics")
             text = scraped()
     assert _value(text, "dispatcher_send_latency_seconds_count") >= 5
-    states = {state: float(count) for state, count in re.findall(r'^dispatcher_notifications\{state="(\w+)"\} ([0-9.]+)$', text, re.MULTILINE)}
+    gauge = r'^dispatcher_notifications\{state="(\w+)"\} ([0-9.]+)$'
+    states = {state: float(count) for state, count in re.findall(gauge, text, re.MULTILINE)}
     assert sum(states.values()) == 5, states
     assert "+1555060" not in text and "Reminder" not in text

@@ -94,7 +94,9 @@ class ProcessGroup:
         self.processes[name] = process
         return process
 
-    def start_worker(self, name: str, *, concurrency: int = 2, queues: str = "dispatcher.send,dispatcher.maintenance") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str, *, concurrency: int = 2, queues: str = "dispatcher.send,dispatcher.maintenance"
+    ) -> subprocess.Popen[bytes]:
         self._worker_options[name] = (concurrency, queues)
         return self.start(
             name,

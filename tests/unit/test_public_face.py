@@ -36,10 +36,9 @@ def test_importing_the_package_loads_no_celery_or_sqlalchemy() -> None:
 
 
 def test_notify_and_status_from_the_environment(tmp_path, clean_environment) -> None:  # type: ignore[no-untyped-def]
+    import dispatcher.service as service
     from tests.conftest import REPO_ROOT
     from tests.support.dispatcher_setup import reminder
-
-    import dispatcher.service as service
 
     clean_environment.setenv("DISPATCHER_CONFIG", str(REPO_ROOT / "config" / "dispatcher.example.toml"))
     clean_environment.setenv("DISPATCHER_DATABASE_URL", f"sqlite:///{tmp_path}/face.sqlite")

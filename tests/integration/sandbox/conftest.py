@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pytest
 from sandbox_helpers import FAST_CONFIG, Api, WebhookReceiver
 
-from tests.support.sandbox_process import SandboxProcess, running_sandbox
 from tests.support.sandbox_process import (  # noqa: F401  (fixtures)
+    SandboxProcess,
     contract_sandbox,
     contract_sandbox_session,
+    running_sandbox,
     sandbox,
     sandbox_session,
 )

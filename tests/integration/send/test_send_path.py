@@ -17,10 +17,10 @@ from dispatcher import intake, store
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import AttemptState
 from dispatcher.models import Attempt
 from dispatcher.request import parse_request
 from dispatcher.send import Outcome, send_notification
-from dispatcher.lifecycle.states import AttemptState
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 

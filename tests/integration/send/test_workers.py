@@ -205,7 +205,8 @@ def test_dropped_responses_and_killed_workers_lose_nothing_and_duplicate_nothing
     finally:
         stop.set()
         thread.join(timeout=5)
-    # Then, once the system settles (with every worker up again, as its supervisor would see to), every event has exactly one message: no loss, no duplicate
+    # Then, once the system settles (with every worker up again, as its supervisor would see to),
+    # every event has exactly one message: no loss, no duplicate
     try:
         wait_until(lambda: group.ensure_running() or _all_accepted(dispatcher, events), timeout_s=120,
                    what="every notification accepted")

@@ -62,7 +62,9 @@ def _context(sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, **
 
 
 @pytest.fixture()
-def context(sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
+def context(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> Iterator[SendContext]:
     yield from _context(sandbox, tmp_path, enqueuer)
 
 

@@ -11,11 +11,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.api import errors as api_errors
-from dispatcher.api.errors import (READ_OPERATIONS, WRITE_OPERATIONS, AccessDenied, ApiError,
-                                   ApiStatusError, Forbidden, NotFound, NotSent, OutcomeUnknown,
-                                   RateLimited, Rejected, ServerError, Unauthorized,
-                                   UnexpectedResponse, error_for_status, map_errors,
-                                   parse_retry_after_s)
+from dispatcher.api.errors import (
+    READ_OPERATIONS,
+    WRITE_OPERATIONS,
+    AccessDenied,
+    ApiError,
+    ApiStatusError,
+    Forbidden,
+    NotFound,
+    NotSent,
+    OutcomeUnknown,
+    RateLimited,
+    Rejected,
+    ServerError,
+    Unauthorized,
+    UnexpectedResponse,
+    error_for_status,
+    map_errors,
+    parse_retry_after_s,
+)
 from dispatcher.errors import DispatcherError
 
 from .conftest import CALLS, WRITES, raising, reply

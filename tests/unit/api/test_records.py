@@ -7,9 +7,21 @@ from datetime import UTC, datetime
 import pydantic
 import pytest
 
-from dispatcher.api.records import (Contact, ContactCreated, ContactInbox, Conversation,
-                                    ConversationPage, Inbox, Message, MessagePage, MessageStatus,
-                                    MessageType, SearchPage, Webhook, parse_list)
+from dispatcher.api.records import (
+    Contact,
+    ContactCreated,
+    ContactInbox,
+    Conversation,
+    ConversationPage,
+    Inbox,
+    Message,
+    MessagePage,
+    MessageStatus,
+    MessageType,
+    SearchPage,
+    Webhook,
+    parse_list,
+)
 
 PHONE, EMAIL, CONTENT = "+15551234567", "ann@example.org", "Your appointment: cardiology 9:00"
 CONTACT = {"id": 11, "name": "Ann Example", "identifier": "patient-77", "phone_number": PHONE,
@@ -41,7 +53,8 @@ def test_contact_created_shapes(body: dict) -> None:
     assert created.contact.id == 11
     assert created.contact.identifier == "patient-77"
     assert created.source_id == "15551234567"
-    assert created.contact_inbox is not None and created.contact_inbox.inbox == Inbox(**{k: INBOX[k] for k in ("id", "name", "channel_type")})
+    assert created.contact_inbox is not None
+    assert created.contact_inbox.inbox == Inbox(**{k: INBOX[k] for k in ("id", "name", "channel_type")})
 
 
 def test_contact_created_without_binding() -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.policy.fallback import (FallbackRules, FallbackVerdict, classify_failure, resends_as_template,
-                                        parse_error_code)
+from dispatcher.policy.fallback import FallbackRules, FallbackVerdict, classify_failure, parse_error_code, resends_as_template
 
 DEFAULT = FallbackRules()
 

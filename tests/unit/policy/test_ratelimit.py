@@ -10,8 +10,7 @@ import threading
 
 import pytest
 
-from dispatcher.policy.ratelimit import (WINDOW_S, Limit, Limiter, LocalLimiter, RedisLimiter,
-                                         acquire_all, route_bucket)
+from dispatcher.policy.ratelimit import WINDOW_S, Limit, Limiter, LocalLimiter, RedisLimiter, acquire_all, route_bucket
 
 
 class FakeClock:

@@ -8,12 +8,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.api.errors import (AccessDenied, ApiError, ApiStatusError, Forbidden, NotFound,
-                                   NotSent, OutcomeUnknown, RateLimited, Rejected, ServerError,
-                                   Unauthorized, UnexpectedResponse)
+from dispatcher.api.errors import (
+    AccessDenied,
+    ApiError,
+    ApiStatusError,
+    Forbidden,
+    NotFound,
+    NotSent,
+    OutcomeUnknown,
+    RateLimited,
+    Rejected,
+    ServerError,
+    Unauthorized,
+    UnexpectedResponse,
+)
 from dispatcher.errors import StateConflict
-from dispatcher.policy.retry import (Decision, DecisionKind, RetryPlan, classify_error, decide,
-                                     is_final)
+from dispatcher.policy.retry import Decision, DecisionKind, RetryPlan, classify_error, decide, is_final
 
 PLAN = RetryPlan(max_tries=5, base_s=2.0, cap_s=60.0, max_countdown_s=120.0)
 OP = "createMessage"

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import (CONTENT, NOW, OLD_SECRET, PATH, PHONE, SECRET, Receiver, encode, message_event,
-                       running_receiver, sign, signed_headers)
+from .conftest import CONTENT, NOW, OLD_SECRET, PATH, PHONE, SECRET, Receiver, encode, message_event, running_receiver, sign, signed_headers
 
 BODY = encode(message_event())
 

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
-from tests.unit.webhooks.conftest import PATH, message_event, encode, running_receiver, signed_headers
+from tests.unit.webhooks.conftest import PATH, encode, message_event, running_receiver, signed_headers
 
 EXAMPLE = tomllib.loads((REPO_ROOT / "config" / "dispatcher.example.toml").read_text())
 TOKEN = "intake-token-0123456789abcdef"
