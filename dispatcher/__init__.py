@@ -26,18 +26,18 @@ if TYPE_CHECKING:
         UnknownNotification,
         WebhookRejected,
     )
-    from dispatcher.record import AttemptRecord, NotificationRecord
-    from dispatcher.request import NotificationRequest
+    from dispatcher.intake.request import NotificationRequest
     from dispatcher.service import Dispatcher, notify, status
     from dispatcher.settings import Settings, load_settings
+    from dispatcher.store.record import AttemptRecord, NotificationRecord
 
 _WHERE = {
     "notify": "dispatcher.service",
     "status": "dispatcher.service",
     "Dispatcher": "dispatcher.service",
-    "NotificationRequest": "dispatcher.request",
-    "NotificationRecord": "dispatcher.record",
-    "AttemptRecord": "dispatcher.record",
+    "NotificationRequest": "dispatcher.intake.request",
+    "NotificationRecord": "dispatcher.store.record",
+    "AttemptRecord": "dispatcher.store.record",
     "Settings": "dispatcher.settings",
     "load_settings": "dispatcher.settings",
     "DispatcherError": "dispatcher.errors",

@@ -1,5 +1,5 @@
 """``python -m dispatcher`` is the ``dispatcher`` command."""
 
-from dispatcher.cli import main
+from dispatcher.operations.cli import main
 
 main()

@@ -1,7 +1,7 @@
 """What the send path needs from its process: settings, store, API client, limiter, caches.
 
 Built once per worker process by ``workers/`` (or by a test, with fakes) and handed to
-:func:`dispatcher.send.send_notification`; nothing here knows about Celery.
+:func:`dispatcher.sending.send.send_notification`; nothing here knows about Celery.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
-from dispatcher.models import utcnow
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.retry import RetryPlan
-from dispatcher.routes import find_route_inbox
+from dispatcher.policy.routes import find_route_inbox
 from dispatcher.settings import Route, Settings
+from dispatcher.store.models import utcnow
 
 ACCOUNT_BUCKET = "account"
 SEARCH_BUCKET = "search"

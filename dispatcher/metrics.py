@@ -47,7 +47,7 @@ class NotificationStates(Collector):
         self._sessions = sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from dispatcher.models import Notification
+        from dispatcher.store.models import Notification
 
         family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
         with self._sessions() as session:

@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher import intake
-from dispatcher.db import session_factory, shared_engine
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
-from dispatcher.record import NotificationRecord
-from dispatcher.request import NotificationRequest, parse_request
+from dispatcher.intake import accept as intake
+from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.settings import Settings, load_settings
+from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.record import NotificationRecord
 
 
 class Dispatcher:
@@ -25,7 +25,7 @@ class Dispatcher:
     def __init__(self, settings: Settings, *, enqueuer: Enqueuer | None = None, migrate: bool = False) -> None:
         self.settings = settings
         if migrate:
-            from dispatcher.migrate import upgrade_database
+            from dispatcher.store.migrate import upgrade_database
 
             upgrade_database(settings.database_url)
         self.sessions: sessionmaker[Session] = session_factory(shared_engine(settings.database_url))

@@ -6,9 +6,9 @@ import os
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, make_breaker, make_limiter, retry_plan_of
-from dispatcher.db import session_factory, shared_engine
 from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.settings import Settings, load_settings
+from dispatcher.store.db import session_factory, shared_engine
 
 _context: SendContext | None = None
 _enqueuer: CeleryEnqueuer | None = None

@@ -7,7 +7,7 @@ import logging
 from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 from dispatcher.api.client import quiet_http_logging
-from dispatcher.db import dispose_after_fork
+from dispatcher.store.db import dispose_after_fork
 
 
 @worker_process_init.connect

@@ -11,14 +11,14 @@ from datetime import timedelta
 
 from celery import Task
 
-from dispatcher import store
 from dispatcher.metrics import SEND_RESULTS
+from dispatcher.operations.retention import purge
+from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
-from dispatcher.reconcile import process_delivery, tracking_sweep
-from dispatcher.resolve import Wait
-from dispatcher.retention import purge
-from dispatcher.send import Outcome, send_notification
-from dispatcher.sweep import sweep as run_sweep
+from dispatcher.sending.resolve import Wait
+from dispatcher.sending.send import Outcome, send_notification
+from dispatcher.store import queries as store
+from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from workers import runtime
 from workers.app import app
 

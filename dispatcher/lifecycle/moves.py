@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, Side
-from dispatcher.models import Attempt, Notification, table_of
+from dispatcher.store.models import Attempt, Notification, table_of
 
 NOTIFICATIONS = table_of(Notification)
 ATTEMPTS = table_of(Attempt)

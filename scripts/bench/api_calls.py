@@ -60,8 +60,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from dispatcher.enqueue import CeleryEnqueuer
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
+    from dispatcher.store.migrate import upgrade_database
     from tests.support.sandbox_process import running_sandbox
 
     n = args.contacts

@@ -59,7 +59,7 @@ def temp_database() -> Iterator[str]:
     try:
         yield url
     finally:
-        from dispatcher.db import _engines
+        from dispatcher.store.db import _engines
 
         engine = _engines.pop(url, None)
         if engine is not None:

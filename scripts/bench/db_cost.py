@@ -5,7 +5,7 @@ are warmed (contact, source_id and conversation stored), then the store is fille
 (``INSERT ... SELECT generate_series``: notifications and their attempts, read long ago, no
 payloads, as a busy store holds them) up to 10,000 rows, analysed, and ``--sends`` new
 notifications for the known contacts are handed over (not timed) and sent by calling
-``dispatcher.send.send_notification`` in a loop (the warm path a worker runs). Then the store is
+``dispatcher.sending.send.send_notification`` in a loop (the warm path a worker runs). Then the store is
 filled up to 1,000,000 rows and the same is measured again.
 
 Per send (the median of ``--rounds`` rounds): wall time, and database time (time inside statement execution, commits and the
@@ -118,7 +118,7 @@ def hand_over(dispatcher: Any, prefix: str, count: int, contacts: int) -> list[i
 
 
 def send_all(context: Any, ids: list[int], clock: DriverClock | None) -> dict[str, Any]:
-    from dispatcher.send import Outcome, send_notification
+    from dispatcher.sending.send import Outcome, send_notification
 
     walls: list[float] = []
     outcomes: dict[str, int] = defaultdict(int)
@@ -154,7 +154,7 @@ def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def profile_sends(context: Any, ids: list[int]) -> dict[str, Any]:
     """cProfile of warm sends, own time grouped by library: where a send's CPU goes."""
-    from dispatcher.send import send_notification
+    from dispatcher.sending.send import send_notification
 
     profiler = cProfile.Profile()
     started = time.perf_counter()
@@ -207,8 +207,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from dispatcher.enqueue import ListEnqueuer
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
+    from dispatcher.store.migrate import upgrade_database
     from tests.support.dispatcher_setup import drive, send_context
     from tests.support.sandbox_process import running_sandbox
 

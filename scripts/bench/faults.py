@@ -92,8 +92,8 @@ def run_ours(events: list[tuple[str, int]], args: argparse.Namespace) -> dict[st
     import sqlalchemy as sa
 
     from dispatcher.enqueue import CeleryEnqueuer
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
+    from dispatcher.store.migrate import upgrade_database
     from tests.support.sandbox_process import running_sandbox
 
     with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \

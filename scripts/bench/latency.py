@@ -106,8 +106,8 @@ def run_ours(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> di
     import sqlalchemy as sa
 
     from dispatcher.enqueue import CeleryEnqueuer
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
+    from dispatcher.store.migrate import upgrade_database
 
     upgrade_database(env["DISPATCHER_DATABASE_URL"])
     dispatcher = Dispatcher(settings_from(env), enqueuer=CeleryEnqueuer(env["DISPATCHER_BROKER_URL"]))

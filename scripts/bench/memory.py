@@ -9,7 +9,7 @@ for the same two cores. The resident set size (psutil) of the worker's main proc
 pool process is sampled after 1,000 sends, at checkpoints, and at the end.
 
 ``--in-process`` measures instead this process's RSS around a loop calling
-``dispatcher.send.send_notification`` (the send path without Celery), for a quick run.
+``dispatcher.sending.send.send_notification`` (the send path without Celery), for a quick run.
 
     .venv/bin/python scripts/bench/memory.py --sends 100000
 """
@@ -62,8 +62,8 @@ FROM notifications WHERE event_id LIKE 'mem-%'
 def write_rows(engine: Any, count: int, contacts: int) -> list[int]:
     import sqlalchemy as sa
 
-    from dispatcher.intake import payload_of
-    from dispatcher.request import parse_request
+    from dispatcher.intake.accept import payload_of
+    from dispatcher.intake.request import parse_request
 
     params = {"tail": CONTENT_TAIL, "contacts": contacts, "prefix": PHONE_PREFIX}
     with engine.begin() as connection:
@@ -140,7 +140,7 @@ def run_workers(env: dict[str, str], engine: Any, ids: list[int], args: argparse
 def run_in_process(settings: Any, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
     import psutil
 
-    from dispatcher.send import send_notification
+    from dispatcher.sending.send import send_notification
     from tests.support.dispatcher_setup import send_context
 
     me = psutil.Process()
@@ -173,8 +173,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from dispatcher.enqueue import ListEnqueuer
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
+    from dispatcher.store.migrate import upgrade_database
     from tests.support.sandbox_process import running_sandbox
 
     with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \

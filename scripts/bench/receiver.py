@@ -199,7 +199,7 @@ def server(app: str, env: dict[str, str], log: Path) -> Iterator[int]:
 def store(kind: str, workdir: Path) -> Iterator[str]:
     import sqlalchemy as sa
 
-    from dispatcher.migrate import upgrade_database
+    from dispatcher.store.migrate import upgrade_database
 
     if kind == "sqlite":
         url = f"sqlite:///{workdir / f'receiver-{uuid.uuid4().hex[:6]}.sqlite'}"
@@ -249,7 +249,7 @@ def run_store(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
                                   connections=args.connections, max_seconds=args.max_seconds)
             broker.flushdb()
             rows_before = count_rows(database_url)
-            with server("dispatcher.webhooks.receiver:app_from_environment", env, workdir / "receiver.log") as port:
+            with server("dispatcher.tracking.webhooks.receiver:app_from_environment", env, workdir / "receiver.log") as port:
                 ours = drive_load(port, signed_requests(args.requests, port), processes=args.processes,
                                   connections=args.connections, max_seconds=args.max_seconds)
             rows, queued = count_rows(database_url) - rows_before, broker.llen("dispatcher.outcomes")

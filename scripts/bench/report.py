@@ -345,7 +345,7 @@ def _details(results: dict[str, Any]) -> list[str]:
 
     if db:
         out += ["### 6. Per-send database cost with 10,000 and with 1,000,000 notification rows", ""] + _run_line(b["db_cost"])
-        out += ["In one process: the warm path (`dispatcher.send.send_notification`) called in a loop against the sandbox;"
+        out += ["In one process: the warm path (`dispatcher.sending.send.send_notification`) called in a loop against the sandbox;"
                 " the store filled with SQL (`INSERT ... SELECT generate_series`: notifications and attempts, read long ago,"
                 " no payloads) and analysed before each size. Database time is measured at the driver boundary (statement"
                 " execution, commits, pool pings); each figure is the median of the rounds.", "",

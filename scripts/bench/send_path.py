@@ -117,9 +117,9 @@ def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> 
 def _send_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, float]:
     """Warm-path sends a second by the workers, and notify() calls a second by one host process."""
     os.environ.update(env)
-    from dispatcher.migrate import upgrade_database
     from dispatcher.service import Dispatcher
     from dispatcher.settings import load_settings
+    from dispatcher.store.migrate import upgrade_database
 
     upgrade_database(env["DISPATCHER_DATABASE_URL"])
     dispatcher = Dispatcher(load_settings())

@@ -33,10 +33,10 @@ import sqlalchemy as sa
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Attempt, Notification, WebhookDelivery
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox

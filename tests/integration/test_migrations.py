@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from dispatcher.db import make_engine
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Base
+from dispatcher.store.db import make_engine
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Base
 
 pytestmark = pytest.mark.integration
 

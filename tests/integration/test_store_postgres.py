@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatcher import store
-from dispatcher.db import make_engine, session_factory
-from dispatcher.migrate import upgrade_database
+from dispatcher.store import queries as store
+from dispatcher.store.db import make_engine, session_factory
+from dispatcher.store.migrate import upgrade_database
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ import httpx
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, limits_of, retry_plan_of
-from dispatcher.db import session_factory, shared_engine
-from dispatcher.migrate import upgrade_database
 from dispatcher.policy.ratelimit import LocalLimiter
-from dispatcher.send import Outcome, SendResult, send_notification
+from dispatcher.sending.send import Outcome, SendResult, send_notification
 from dispatcher.settings import Settings, load_settings
+from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "config" / "dispatcher.example.toml"

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from dispatcher.cli.main import cli
+from dispatcher.operations.cli.main import cli
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = str(REPO_ROOT / "config" / "dispatcher.example.toml")

@@ -16,7 +16,7 @@ import click
 import pytest
 import yaml
 
-from dispatcher.cli.main import cli
+from dispatcher.operations.cli.main import cli
 from dispatcher.settings import CONFIG_FILE_VARIABLE, ENV_PREFIX, Settings, load_settings
 from tests.conftest import REPO_ROOT
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from dispatcher.db import make_engine, session_factory
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery
-from dispatcher.retention import purge
+from dispatcher.operations.retention import purge
+from dispatcher.store.db import make_engine, session_factory
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

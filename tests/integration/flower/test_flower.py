@@ -18,12 +18,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from dispatcher.cli import flower_command as flower_module
-from dispatcher.cli.flower_command import flower_command
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.migrate import upgrade_database
+from dispatcher.operations.cli import flower_command as flower_module
+from dispatcher.operations.cli.flower_command import flower_command
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
+from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.sandbox_process import DEFAULT_TOKEN, SandboxProcess, free_port, running_sandbox

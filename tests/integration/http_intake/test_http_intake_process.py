@@ -1,5 +1,5 @@
 """The HTTP intake as a real uvicorn process (``uvicorn --factory
-dispatcher.http_intake:app_from_environment``) on loopback, against a fresh PostgreSQL database
+dispatcher.intake.http:app_from_environment``) on loopback, against a fresh PostgreSQL database
 and a Redis broker.
 
 Checked: a POST over HTTP answers 202 with the status URL; the row is in PostgreSQL and the send
@@ -27,7 +27,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from dispatcher.migrate import upgrade_database
+from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
 from tests.support.sandbox_process import free_port
 from tests.support.worker_process import dispatcher_environment, fresh_broker_url, wait_until
@@ -90,7 +90,7 @@ def _start(env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes]
         port = free_port()
         with log_path.open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--factory", "dispatcher.http_intake:app_from_environment",
+                [sys.executable, "-m", "uvicorn", "--factory", "dispatcher.intake.http:app_from_environment",
                  "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "info"],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )

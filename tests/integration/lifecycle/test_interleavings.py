@@ -28,11 +28,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.db import make_engine, session_factory
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, AttemptPurpose, AttemptState, NotificationState, rank
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Attempt, Notification
+from dispatcher.store.db import make_engine, session_factory
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Attempt, Notification
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.db import make_engine, session_factory
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Attempt, Notification
+from dispatcher.store.db import make_engine, session_factory
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Attempt, Notification
 
 pytestmark = pytest.mark.integration
 

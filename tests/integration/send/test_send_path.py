@@ -13,14 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dispatcher import intake, store
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
+from dispatcher.intake import accept as intake
+from dispatcher.intake.request import parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
-from dispatcher.models import Attempt
-from dispatcher.request import parse_request
-from dispatcher.send import Outcome, send_notification
+from dispatcher.sending.send import Outcome, send_notification
+from dispatcher.store import queries as store
+from dispatcher.store.models import Attempt
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 

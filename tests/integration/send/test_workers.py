@@ -20,9 +20,9 @@ import psutil
 import pytest
 
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.migrate import upgrade_database
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
+from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 from tests.support.worker_process import (

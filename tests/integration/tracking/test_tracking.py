@@ -16,19 +16,20 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from dispatcher import intake, store
 from dispatcher.api import NotFound
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
+from dispatcher.intake import accept as intake
+from dispatcher.intake.request import parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
-from dispatcher.models import Attempt, WebhookDelivery
-from dispatcher.reconcile import process_delivery, tracking_sweep
-from dispatcher.request import parse_request
-from dispatcher.send import Outcome
-from dispatcher.tracking import apply_event
-from dispatcher.webhooks.deliveries import NewDelivery, record_deliveries
-from dispatcher.webhooks.events import EventSummary
+from dispatcher.sending.send import Outcome
+from dispatcher.store import queries as store
+from dispatcher.store.models import Attempt, WebhookDelivery
+from dispatcher.tracking.outcomes import apply_event
+from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
+from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
+from dispatcher.tracking.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
@@ -293,7 +294,7 @@ def test_a_recovered_send_whose_message_already_failed_still_gets_its_decision(
         assert notification is not None
         notification_id = notification.id
     sandbox.set_faults({"createMessage": {"drop_response_share": 1.0}})
-    from dispatcher.send import send_notification
+    from dispatcher.sending.send import send_notification
 
     assert send_notification(notification_id, context).outcome is Outcome.RETRY
     sandbox.set_faults({})

@@ -20,9 +20,9 @@ import pytest
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.migrate import upgrade_database
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
+from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import ProcessGroup, dispatcher_environment, fresh_broker_url, process_group, wait_until

@@ -28,8 +28,8 @@ import redis
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from dispatcher.cli.webhook_commands import webhooks_group
-from dispatcher.migrate import upgrade_database
+from dispatcher.operations.cli.webhook_commands import webhooks_group
+from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import dispatcher_environment
@@ -130,7 +130,7 @@ def running_stack(tmp_path: Path, database_url: str, redis_url: str, *, profile:
         secret = registered.output.splitlines()[-1]
         env.update(DISPATCHER_WEBHOOK_SECRETS=f"{secret},an-old-secret", DISPATCHER_WEBHOOK_HEADER_PREFIX=prefix_setting)
         log_path = tmp_path / "receiver.log"
-        command = ("import sys; from dispatcher.cli.webhook_commands import receiver_command; "
+        command = ("import sys; from dispatcher.operations.cli.webhook_commands import receiver_command; "
                    "receiver_command(sys.argv[1:])")
         with log_path.open("wb") as log:
             process = subprocess.Popen([sys.executable, "-c", command, "--host", "127.0.0.1", "--port", str(port)],

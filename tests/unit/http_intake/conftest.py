@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import func, select
 
 from dispatcher.enqueue import ListEnqueuer
-from dispatcher.http_intake import create_intake_app
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Notification, Payload
+from dispatcher.intake.http import create_intake_app
 from dispatcher.service import Dispatcher
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Notification, Payload
 from tests.support.dispatcher_setup import example_settings
 
 with warnings.catch_warnings():

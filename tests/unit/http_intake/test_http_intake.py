@@ -22,10 +22,10 @@ from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from dispatcher import http_intake
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import ConfigurationError
-from dispatcher.http_intake import DEFAULT_MAX_BODY_BYTES, create_intake_app, create_intake_routes
+from dispatcher.intake import http as http_intake
+from dispatcher.intake.http import DEFAULT_MAX_BODY_BYTES, create_intake_app, create_intake_routes
 from dispatcher.service import Dispatcher
 from tests.support.dispatcher_setup import example_settings
 from tests.unit.http_intake.conftest import AUTH, PATH, PHONE, TOKEN, Intake, TestClient, valid_request
@@ -96,7 +96,7 @@ def test_the_same_request_twice_answers_the_same_record_and_stores_it_once(intak
 def test_a_repeat_answers_the_stored_state(intake: Intake) -> None:
     assert intake.post(valid_request("appt-3")).json()["state"] == "queued"
     with intake.dispatcher.sessions.begin() as session:  # a worker has moved it on meanwhile
-        from dispatcher import store
+        from dispatcher.store import queries as store
 
         notification = store.find_notification_by_event(session, "appt-3")
         assert notification is not None

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.http_intake import _safe_field
+from dispatcher.intake.http import _safe_field
 from tests.unit.http_intake.conftest import AUTH, CONTENT, EMAIL, NAME, PATH, PHONE, TOKEN, Intake, valid_request
 
 SECRETS = (PHONE, PHONE.removeprefix("+"), EMAIL, NAME, CONTENT, CONTENT[:20], TOKEN)
@@ -58,12 +58,12 @@ def test_no_answer_or_log_line_repeats_personal_data(intake: Intake, caplog: pyt
 
 
 def test_the_log_names_the_event_the_status_and_the_field(intake: Intake, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="dispatcher.http_intake")
+    caplog.set_level(logging.INFO, logger="dispatcher.intake.http")
     intake.post(valid_request("log-1"))
     intake.post(valid_request("log-2", route="pigeons"))
     intake.post(valid_request("log-3"), headers={})
 
-    messages = [record.getMessage() for record in caplog.records if record.name == "dispatcher.http_intake"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "dispatcher.intake.http"]
     assert messages == [
         "intake log-1 accepted: queued (202)",
         "intake log-2 refused: 422 invalid_request (field route)",

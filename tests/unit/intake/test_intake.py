@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from dispatcher import outbox, store
-from dispatcher.db import session_factory, shared_engine
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import EventConflict, InvalidEvent, UnknownNotification
-from dispatcher.migrate import upgrade_database
-from dispatcher.models import Notification, Payload
+from dispatcher.intake import outbox
+from dispatcher.operations.sweep import sweep
 from dispatcher.service import Dispatcher
-from dispatcher.sweep import sweep
+from dispatcher.store import queries as store
+from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.store.models import Notification, Payload
 from tests.support.dispatcher_setup import example_settings, reminder
 
 PHONE = "+15550309999"

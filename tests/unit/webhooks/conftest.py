@@ -20,10 +20,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.db import make_engine, session_factory
-from dispatcher.migrate import upgrade_database
 from dispatcher.settings import Settings
-from dispatcher.webhooks.receiver import create_receiver_app
+from dispatcher.store.db import make_engine, session_factory
+from dispatcher.store.migrate import upgrade_database
+from dispatcher.tracking.webhooks.receiver import create_receiver_app
 
 with warnings.catch_warnings():
     # starlette 0.52's testclient names anyio.abc.BlockingPortal at import time, an alias that

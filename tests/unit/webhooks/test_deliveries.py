@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from kombu import Connection
 
-from dispatcher.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, record_deliveries
+from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, record_deliveries
 
 from .conftest import migrated_store
 

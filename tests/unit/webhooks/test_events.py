@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.webhooks.events import EventSummary, summarize
+from dispatcher.tracking.webhooks.events import EventSummary, summarize
 
 from .conftest import CONTENT, PHONE, message_event
 

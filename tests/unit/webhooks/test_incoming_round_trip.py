@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 
-from dispatcher import store
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, retry_plan_of
 from dispatcher.policy.ratelimit import LocalLimiter
-from dispatcher.reconcile import process_delivery
+from dispatcher.store import queries as store
+from dispatcher.tracking.reconcile import process_delivery
 
 from .conftest import NOW, PHONE, make_settings, running_receiver, signed_headers
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dispatcher.errors import WebhookRejected
-from dispatcher.webhooks.verify import VerifiedDelivery, verify_delivery
+from dispatcher.tracking.webhooks.verify import VerifiedDelivery, verify_delivery
 
 from .conftest import NOW, OLD_SECRET, SECRET, encode, message_event, sign, signed_headers
 

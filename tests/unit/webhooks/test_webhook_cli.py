@@ -9,8 +9,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from dispatcher.cli.webhook_commands import receiver_command, receiver_log_config, webhooks_group
 from dispatcher.errors import ConfigurationError
+from dispatcher.operations.cli.webhook_commands import receiver_command, receiver_log_config, webhooks_group
 
 ENV = {"DISPATCHER_API_URL": "https://workspace.example", "DISPATCHER_ACCOUNT_ID": "7",
        "DISPATCHER_API_TOKEN": "cli-token-abc123"}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from dispatcher.webhooks.writer import GroupWriter
+from dispatcher.tracking.webhooks.writer import GroupWriter
 
 
 def test_one_item_alone_is_written_at_once() -> None:

@@ -1,0 +1,158 @@
+"""Accept a business event: validate it, store it once under its event ID, hand it to the queue.
+
+Everything a bad request can get wrong is found here, before anything is stored or sent, and
+named by its field. The same event handed over again with the same request returns the stored
+notification; with a different request it is refused with :class:`EventConflict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher.enqueue import Enqueuer
+from dispatcher.errors import EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.intake.request import NotificationRequest
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import NotificationState
+from dispatcher.settings import ChannelKind, Route, Settings
+from dispatcher.store import queries as store
+from dispatcher.store.models import Notification, utcnow
+from dispatcher.store.record import NotificationRecord
+
+
+def check_request(request: NotificationRequest, settings: Settings, *, now: datetime) -> str | None:
+    """Raise InvalidEvent naming the field when the request cannot be sent; return the fallback route."""
+    route = _route(settings, request.route, field="route")
+    fallback_name = request.fallback_route or route.fallback
+    fallback = _route(settings, fallback_name, field="fallback_route") if fallback_name else None
+    if fallback_name == request.route:
+        raise InvalidEvent("fallback_route", "must differ from route")
+    if request.template is not None:
+        template = settings.template(request.template.name, request.template.language)
+        if template is None:
+            raise InvalidEvent(
+                "template.name", f"{request.template.name!r} in {request.template.language!r} is not in the template registry"
+            )
+        if template.category != request.template.category:
+            raise InvalidEvent("template.category", f"the registered category is {template.category}")
+        if len(request.template.params) != template.body_params:
+            raise InvalidEvent(
+                "template.params", f"the template takes {template.body_params} body parameter(s), got {len(request.template.params)}"
+            )
+    for field, name, candidate in (("template", request.route, route), ("fallback_route", fallback_name, fallback)):
+        if candidate is not None and request.template is None and _needs_template(candidate):
+            raise InvalidEvent(field, f"route {name!r} needs an approved template; free text is not allowed there")
+        if candidate is not None:
+            _check_reachable(request, candidate, name or "", field)
+    if request.send_at is not None and request.send_at <= now:
+        raise InvalidEvent("send_at", "must be in the future")
+    return fallback_name
+
+
+def _route(settings: Settings, name: str | None, *, field: str) -> Route:
+    route = settings.routes.get(name or "")
+    if route is None:
+        known = ", ".join(sorted(settings.routes)) or "none"
+        raise InvalidEvent(field, f"no route named {name!r} (configured: {known})")
+    return route
+
+
+def _needs_template(route: Route) -> bool:
+    # Until the window is known open (delivery tracking records incoming messages), a platform
+    # route must be able to send a template.
+    return route.template_required or route.channel is ChannelKind.MESSAGING_PLATFORM
+
+
+def _check_reachable(request: NotificationRequest, route: Route, name: str, field: str) -> None:
+    if route.channel in (ChannelKind.SMS, ChannelKind.MESSAGING_PLATFORM, ChannelKind.WEB_SESSION):
+        if request.contact.phone_number is None:
+            raise InvalidEvent("contact.phone_number", f"route {name!r} ({route.channel.value}) needs a phone number")
+    if route.channel is ChannelKind.EMAIL and request.contact.email is None:
+        raise InvalidEvent("contact.email", f"route {name!r} (email) needs an e-mail address")
+
+
+def _check_volume(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime) -> None:
+    """Refuse bulk use of a capped route (the web-session channel is low volume only)."""
+    route = settings.routes[request.route]
+    if route.max_per_minute is None:
+        return
+    recent = store.count_recent_on_route(session, request.route, since=now - timedelta(minutes=1))
+    if recent >= route.max_per_minute:
+        raise InvalidEvent(
+            "route", f"route {request.route!r} is low volume: at most {route.max_per_minute} notifications a minute"
+        )
+
+
+def payload_of(request: NotificationRequest) -> dict[str, Any]:
+    """What a send still needs; stored apart from the notification and deleted when done."""
+    return {
+        "content": request.content,
+        "contact": request.contact.model_dump(exclude_none=True),
+        "template": None if request.template is None else request.template.model_dump(),
+        "metadata": request.metadata,
+    }
+
+
+def stage(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime) -> tuple[Notification, bool]:
+    """Add the notification in the caller's transaction; return it and whether it is new.
+
+    Used by :func:`accept` and by the transactional outbox, where the host owns the transaction.
+    """
+    existing = store.find_notification_by_event(session, request.event_id)
+    if existing is not None:
+        if existing.fingerprint != request.fingerprint():
+            raise EventConflict(request.event_id)
+        return existing, False
+    fallback_route = check_request(request, settings, now=now)
+    _check_volume(session, request, settings, now=now)
+    notification = moves.new_notification(
+        send_at=request.send_at,
+        event_id=request.event_id,
+        fingerprint=request.fingerprint(),
+        route=request.route,
+        fallback_route=fallback_route,
+        channel=settings.routes[request.route].channel.value,
+        created_at=now,
+        updated_at=now,
+    )
+    with session.begin_nested():  # a racing twin's insert fails here without undoing the host's work
+        store.add_notification(session, notification, payload_of(request))
+    return notification, True
+
+
+def accept(
+    request: NotificationRequest,
+    *,
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    enqueuer: Enqueuer,
+    clock: Callable[[], datetime] = utcnow,
+) -> NotificationRecord:
+    """Store the event once and queue it; return its record (the existing one for a repeat)."""
+    now = clock()
+    try:
+        with sessions.begin() as session:
+            notification, new = stage(session, request, settings, now=now)
+    except IntegrityError:
+        # A twin handed over at the same moment won the insert: answer with its row.
+        with sessions.begin() as session:
+            notification, new = stage(session, request, settings, now=now)
+    if new and notification.state == NotificationState.QUEUED:
+        published = enqueuer.enqueue_send([notification.id])
+        with sessions.begin() as session:
+            store.commit_without_waiting(session)  # lost in a database crash? the sweep publishes again
+            store.mark_enqueued(session, published, now=clock())
+    return status(sessions, request.event_id)
+
+
+def status(sessions: sessionmaker[Session], event_id: str) -> NotificationRecord:
+    with sessions() as session:
+        notification = store.find_notification_by_event(session, event_id)
+        if notification is None:
+            raise UnknownNotification(event_id)
+        return NotificationRecord.of(notification, store.attempts_of(session, notification.id))

@@ -1,0 +1,287 @@
+"""HTTP intake for hosts not written in Python: the same ``notify`` and ``status``, over JSON.
+
+``POST /v1/notifications`` hands over one notification request (the JSON of
+:class:`~dispatcher.intake.request.NotificationRequest`); ``GET /v1/notifications/{event_id}`` reads its
+record back. docs/http-intake.md has every answer with an example body. In this order, a POST is:
+
+1. authenticated: ``Authorization: Bearer <token>``, compared in constant time (401 with
+   ``WWW-Authenticate: Bearer`` when missing or wrong; nothing else is looked at before this);
+2. checked for ``Content-Type: application/json`` (415);
+3. read up to ``max_body_bytes`` (default 64 KiB): a larger ``Content-Length``, or a streamed body
+   passing the limit, answers 413 at once without reading the rest;
+4. parsed as JSON (400, field ``body``);
+5. handed to :meth:`Dispatcher.notify <dispatcher.service.Dispatcher.notify>` in the threadpool:
+   ``InvalidEvent`` answers 422 naming the field, ``EventConflict`` 409; a store failure 503;
+6. answered 202 with ``{"event_id", "state", "status_url"}`` and a ``Location`` header, for a new
+   request and for a repeat of an identical one alike (the repeat carries the stored state).
+
+Errors are JSON ``{"error": <code>, "field": <dotted field>, "detail": <problem>}`` and never
+repeat the request body: ``InvalidEvent`` messages carry no values, and a field naming a key
+that is not a plain name (an unknown key that looks like a phone number, say) ends in ``*``.
+The module logger gets the event ID (when well formed), the status code and the error field only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+from urllib.parse import quote, unquote
+
+from pydantic import SecretStr
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
+from dispatcher.service import Dispatcher
+from dispatcher.settings import ENV_PREFIX, load_settings
+
+log = logging.getLogger(__name__)
+
+NOTIFICATIONS_PATH = "/v1/notifications"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+TOKEN_VARIABLE = f"{ENV_PREFIX}INTAKE_TOKEN"
+
+_EVENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # as NotificationRequest.event_id
+_PLAIN_FIELD = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
+_SCHEMA_NAMES = frozenset({"body", *NotificationRequest.model_fields, *ContactDetails.model_fields,
+                           *TemplateChoice.model_fields})
+_NO_STORE = {"Cache-Control": "no-store"}
+# Every method reaches the endpoints, so that a wrong one is answered 405 in JSON too.
+_ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+class _Refusal(Exception):
+    """An answer other than success, decided before the dispatcher is called."""
+
+    def __init__(self, status: int, error: str, field: str | None = None, detail: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(error)
+        self.status, self.error, self.field, self.detail = status, error, field, detail
+        self.headers = headers or {}
+
+
+_STORE_UNAVAILABLE = _Refusal(503, "store_unavailable", None, "the store is unavailable; try again", {"Retry-After": "5"})
+_INTERNAL_ERROR = _Refusal(500, "internal_error", None, "the request could not be handled; try again")
+
+
+def create_intake_routes(
+    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> list[Route]:
+    """The two intake routes, to mount in any Starlette app (the webhook receiver's, for one).
+
+    ``token`` is the bearer token hosts must send; an empty one is refused with
+    :class:`~dispatcher.errors.ConfigurationError` (an intake nobody can call is a mistake).
+    """
+    expected = _token_digest(token)
+    if max_body_bytes <= 0:
+        raise ValueError("max_body_bytes must be positive")
+
+    def authenticate(request: Request) -> None:
+        scheme, _, presented = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise _Refusal(401, "unauthorized", "authorization", "a bearer token is required",
+                           {"WWW-Authenticate": "Bearer"})
+        # Digests of equal length: the comparison reveals neither the token nor its length.
+        # Header values arrive decoded as latin-1: encoding back gives the bytes the client sent.
+        presented_digest = hashlib.sha256(presented.strip().encode("latin-1")).digest()
+        if not hmac.compare_digest(presented_digest, expected):
+            raise _Refusal(401, "unauthorized", "authorization", "the bearer token is not valid",
+                           {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+    async def notifications(request: Request) -> Response:
+        if request.method != "POST":
+            return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
+        event_id = "-"
+        try:
+            authenticate(request)
+            _check_content_type(request)
+            body = await _read_body(request, max_body_bytes)
+            data = _parse_json(body)
+            event_id = _loggable_event_id(data)
+            record = await run_in_threadpool(dispatcher.notify, data)
+        except _Refusal as refusal:
+            return _refused(refusal, event_id)
+        except EventConflict as conflict:  # before InvalidEvent: it is one
+            return _refused(_Refusal(409, "conflict", conflict.field, conflict.problem), event_id)
+        except InvalidEvent as invalid:
+            return _refused(_Refusal(422, "invalid_request", _safe_field(invalid.field), invalid.problem), event_id)
+        except SQLAlchemyError as error:
+            log.error("intake %s not stored: %s (503)", event_id, type(error).__name__)  # its text may hold values
+            return _error(_STORE_UNAVAILABLE)
+        except Exception as error:  # answered in JSON; the message is not logged, it might hold a value
+            log.error("intake %s failed: %s (500)", event_id, type(error).__name__)
+            return _error(_INTERNAL_ERROR)
+        status_url = _status_url(request, record.event_id)
+        log.info("intake %s accepted: %s (202)", record.event_id, record.state)
+        return JSONResponse({"event_id": record.event_id, "state": record.state, "status_url": status_url},
+                            status_code=202, headers={"Location": status_url, **_NO_STORE})
+
+    async def notification_status(request: Request) -> Response:
+        if request.method != "GET":
+            return _error(_Refusal(405, "method_not_allowed", "method", "use GET", {"Allow": "GET"}))
+        event_id = _event_id_of(request)
+        logged = event_id if _EVENT_ID.fullmatch(event_id) else "-"
+        try:
+            authenticate(request)
+            if not _EVENT_ID.fullmatch(event_id):
+                raise UnknownNotification(event_id)
+            record = await run_in_threadpool(dispatcher.status, event_id)
+        except _Refusal as refusal:  # the path's ID is not logged for a caller that did not authenticate
+            return _refused(refusal, "-")
+        except UnknownNotification:  # not logged: an ID nobody handed over could be anything
+            return _refused(_Refusal(404, "not_found", "event_id", "no notification with this event_id"), "-")
+        except SQLAlchemyError as error:
+            log.error("intake status %s not read: %s (503)", logged, type(error).__name__)
+            return _error(_STORE_UNAVAILABLE)
+        except Exception as error:
+            log.error("intake status %s failed: %s (500)", logged, type(error).__name__)
+            return _error(_INTERNAL_ERROR)
+        return JSONResponse(record.model_dump(mode="json"), headers=_NO_STORE)
+
+    return [
+        Route(NOTIFICATIONS_PATH, notifications, methods=_ANY_METHOD, name="intake_notify"),
+        Route(NOTIFICATIONS_PATH + "/{event_id:path}", notification_status, methods=_ANY_METHOD, name="intake_status"),
+    ]
+
+
+def create_intake_app(
+    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_shutdown: Sequence[Callable[[], Any]] = (),
+) -> Starlette:
+    """The intake alone, with ``GET /healthz``: for running it by itself and for tests.
+
+    ``on_shutdown`` callables run when the app stops (closing the dispatcher's enqueuer, say).
+    """
+    routes = create_intake_routes(dispatcher, token=token, max_body_bytes=max_body_bytes)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        for close in on_shutdown:
+            close()
+
+    return Starlette(routes=[*routes, Route("/healthz", healthz, methods=["GET"])], lifespan=lifespan)
+
+
+def app_from_environment() -> Starlette:
+    """The zero-argument factory for ``uvicorn --factory``: settings and token from the environment.
+
+    The token is the setting ``intake_token`` (``DISPATCHER_INTAKE_TOKEN``); without one,
+    start-up fails naming it.
+    """
+    settings = load_settings()
+    token = settings.intake_token
+    if token is None:
+        raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "is required to serve the HTTP intake")
+    dispatcher = Dispatcher(settings, migrate=settings.database_url.startswith("sqlite"))
+    close = getattr(dispatcher.enqueuer, "close", None)
+    return create_intake_app(dispatcher, token=token, on_shutdown=[close] if close else [])
+
+
+def _token_digest(token: SecretStr | str) -> bytes:
+    value = token.get_secret_value() if isinstance(token, SecretStr) else token
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "must not be empty")
+    return hashlib.sha256(value.strip().encode("utf-8")).digest()
+
+
+def _check_content_type(request: Request) -> None:
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise _Refusal(415, "unsupported_media_type", "content-type", "send the request as application/json")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to pass ``limit`` bytes."""
+    too_large = _Refusal(413, "body_too_large", "body", f"the request body is limited to {limit} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):
+            raise _Refusal(400, "malformed_request", "content-length", "is not a byte count")
+        if int(declared) > limit:
+            raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
+        raise _Refusal(400, "malformed_json", "body", "is not valid JSON") from None
+
+
+def _loggable_event_id(data: Any) -> str:
+    event_id = data.get("event_id") if isinstance(data, dict) else None
+    return event_id if isinstance(event_id, str) and _EVENT_ID.fullmatch(event_id) else "-"
+
+
+def _safe_field(field: str) -> str:
+    """The dotted field as :class:`InvalidEvent` names it, unless a key the host invented in it is
+    not a plain name (it might be a phone number, an address or a piece of content): then the
+    leading names of the request's own schema, followed by ``*``."""
+    if _PLAIN_FIELD.fullmatch(field):
+        return field
+    known: list[str] = []
+    for part in field.split("."):
+        if part not in _SCHEMA_NAMES:
+            break
+        known.append(part)
+    return ".".join([*known, "*"])
+
+
+def _status_url(request: Request, event_id: str) -> str:
+    # root_path: the mount point (and a proxy's prefix), so the URL works wherever we are mounted.
+    return f"{request.scope.get('root_path', '')}{NOTIFICATIONS_PATH}/{quote(event_id, safe='')}"
+
+
+def _event_id_of(request: Request) -> str:
+    """The event ID in the path, percent-decoded exactly once. From ``raw_path`` when the server
+    gives it (some ASGI clients decode ``path`` twice, turning an ID's "%2520" into a space);
+    else from the decoded path."""
+    raw = request.scope.get("raw_path")
+    marker = NOTIFICATIONS_PATH + "/"
+    if raw:
+        raw_path = raw.split(b"?", 1)[0].decode("latin-1")
+        start = raw_path.find(marker)
+        if start >= 0:
+            return unquote(raw_path[start + len(marker):], errors="replace")
+    return str(request.path_params["event_id"])
+
+
+def _refused(refusal: _Refusal, event_id: str) -> Response:
+    log.warning("intake %s refused: %d %s (field %s)", event_id, refusal.status, refusal.error, refusal.field or "-")
+    return _error(refusal)
+
+
+def _error(refusal: _Refusal) -> Response:
+    body: dict[str, str] = {"error": refusal.error}
+    if refusal.field is not None:
+        body["field"] = refusal.field
+    if refusal.detail is not None:
+        body["detail"] = refusal.detail
+    return JSONResponse(body, status_code=refusal.status, headers={**refusal.headers, **_NO_STORE})

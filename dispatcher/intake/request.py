@@ -1,0 +1,122 @@
+"""The notification request a host hands over: its shape, checked at the edge.
+
+Shape only: whether the route, the template and the channel rules fit the configuration is
+checked by :mod:`dispatcher.intake.accept`, which knows the settings. Error messages name the field and
+never repeat a value (a value may be a phone number or health data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from dispatcher.errors import InvalidEvent
+
+E164 = re.compile(r"^\+[1-9]\d{6,14}$")
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]{2,63}$")
+MAX_METADATA_KEYS = 20
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+MetadataValue = Annotated[str, StringConstraints(max_length=200)] | int | float | bool
+
+
+class ContactDetails(BaseModel):
+    """Who receives it. The identifier is the host's stable contact ID; a phone is E.164."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    identifier: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = None
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = Field(
+        default=None, repr=False
+    )
+    phone_number: str | None = Field(default=None, repr=False)
+    email: str | None = Field(default=None, repr=False)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> ContactDetails:
+        if self.phone_number is not None and not E164.match(self.phone_number):
+            raise ValueError("phone_number: must be in E.164 form, such as +15551234567")
+        if self.email is not None and not EMAIL.match(self.email):
+            raise ValueError("email: is not an e-mail address")
+        if self.identifier is None and self.phone_number is None:
+            raise ValueError("identifier: give at least an identifier or a phone_number")
+        return self
+
+
+class TemplateChoice(BaseModel):
+    """An approved template and its positional body parameters {"1": ..., "2": ...}."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    language: Annotated[str, StringConstraints(min_length=2, max_length=16)]
+    category: Literal["UTILITY", "MARKETING", "AUTHENTICATION"]
+    params: dict[str, Annotated[str, StringConstraints(max_length=1024)]] = Field(default_factory=dict, repr=False)
+
+    @model_validator(mode="after")
+    def _positional(self) -> TemplateChoice:
+        expected = [str(position) for position in range(1, len(self.params) + 1)]
+        if sorted(self.params, key=lambda key: (len(key), key)) != expected:
+            raise ValueError('params: keys are positions "1", "2", ... without gaps')
+        return self
+
+
+class NotificationRequest(BaseModel):
+    """One business event to notify about; ``event_id`` is its idempotency key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    event_id: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+    route: Name
+    contact: ContactDetails
+    content: Annotated[str, StringConstraints(min_length=1, max_length=4096)] = Field(repr=False)
+    template: TemplateChoice | None = None
+    fallback_route: Name | None = None
+    send_at: AwareDatetime | None = None
+    metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], MetadataValue] = Field(
+        default_factory=dict, repr=False
+    )
+
+    @model_validator(mode="after")
+    def _small_metadata(self) -> NotificationRequest:
+        if len(self.metadata) > MAX_METADATA_KEYS:
+            raise ValueError(f"metadata: at most {MAX_METADATA_KEYS} keys")
+        if self.fallback_route is not None and self.fallback_route == self.route:
+            raise ValueError("fallback_route: must differ from route")
+        return self
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical request: the same event handed over again must match it."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_request(data: object) -> NotificationRequest:
+    """Validate raw input (a dict, or JSON text/bytes) into a request, or raise InvalidEvent naming the field."""
+    try:
+        if isinstance(data, str | bytes):
+            return NotificationRequest.model_validate_json(data)
+        if isinstance(data, NotificationRequest):
+            return data
+        return NotificationRequest.model_validate(data)
+    except ValidationError as error:
+        raise _invalid_event(error) from None
+
+
+def _invalid_event(error: ValidationError) -> InvalidEvent:
+    problem = error.errors(include_input=False, include_url=False)[0]
+    location = [str(part) for part in problem["loc"]]
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if problem["type"] == "missing":
+        message = "is required"
+    field, _, rest = message.partition(": ")
+    if rest and " " not in field:  # a model-level check names its own field first
+        location.append(field)
+        message = rest
+    if problem["type"] == "json_invalid":
+        return InvalidEvent("body", "is not valid JSON")
+    return InvalidEvent(".".join(location) or "body", message)

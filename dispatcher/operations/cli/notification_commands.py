@@ -1,0 +1,118 @@
+"""``dispatcher notify``, ``status``, ``list`` and ``db upgrade``: the store from the command line."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, TYPE_CHECKING
+
+import click
+
+from dispatcher.store.record import NotificationRecord
+
+if TYPE_CHECKING:
+    from dispatcher.service import Dispatcher
+
+
+def _dispatcher() -> Dispatcher:
+    from dispatcher.service import default_dispatcher
+
+    return default_dispatcher()
+
+
+@click.command("notify")
+@click.option("--file", "-f", "source", type=click.File("rb"), required=True, help="A JSON request, or - for stdin.")
+def notify_command(source: IO[bytes]) -> None:
+    """Hand over one notification request (JSON); print its event_id and state as JSON.
+
+    The same event handed over again prints the stored notification; a different request
+    under the same event_id is refused. A bad request names the field and stores nothing.
+
+    \b
+    Examples:
+      dispatcher notify --file reminder.json
+      echo '{"event_id": "appt-42", ...}' | dispatcher notify --file -
+    """
+    record = _dispatcher().notify(source.read())
+    click.echo(json.dumps({"event_id": record.event_id, "state": record.state}))
+
+
+@click.command("status")
+@click.argument("event_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
+def status_command(event_id: str, as_json: bool) -> None:
+    """Show what became of one notification.
+
+    \b
+    Examples:
+      dispatcher status appt-42
+      dispatcher status appt-42 --json
+    """
+    record = _dispatcher().status(event_id)
+    if as_json:
+        click.echo(record.model_dump_json(indent=2))
+        return
+    _print_record(record)
+
+
+def _print_record(record: NotificationRecord) -> None:
+    rows = [
+        ("event", record.event_id), ("state", record.state), ("route", record.route),
+        ("channel", record.channel or "-"), ("inbox", record.inbox_id or "-"),
+        ("conversation", record.conversation_id or "-"), ("message", record.message_id or "-"),
+        ("accepted at", record.accepted_at.isoformat() if record.accepted_at else "-"),
+        ("delivery", record.delivery_state or "-"),
+        ("error", f"{record.error_kind}: {record.error_detail}" if record.error_kind else "-"),
+        ("fallback", f"{record.fallback_decision} ({record.fallback_reason})" if record.fallback_decision else "-"),
+    ]
+    for label, value in rows:
+        click.echo(f"{label:<13} {value}")
+    for attempt in record.attempts:
+        click.echo(
+            f"attempt {attempt.number}: {attempt.route} ({attempt.channel}) {attempt.state}"
+            f" message={attempt.message_id or '-'} tries={attempt.tries}"
+            + (f" error={attempt.error_kind}" if attempt.error_kind else "")
+        )
+
+
+@click.command("list")
+@click.option("--state", help="Only notifications in this state (queued, sent, delivered, read, failed, ...).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+def list_command(state: str | None, limit: int) -> None:
+    """List recent notifications, newest first.
+
+    \b
+    Examples:
+      dispatcher list
+      dispatcher list --state failed --limit 20
+    """
+    from dispatcher.store import queries as store
+
+    with _dispatcher().sessions() as session:
+        rows = store.recent_notifications(session, state=state, limit=limit)
+    for row in rows:
+        click.echo(
+            f"{row.event_id:<32} {row.state:<12} {row.route:<14} message={row.message_id or '-'}"
+            f" conversation={row.conversation_id or '-'} error={row.error_kind or '-'}"
+        )
+    if not rows:
+        click.echo("no notifications", err=True)
+
+
+@click.group("db")
+def db_group() -> None:
+    """The dispatcher's database."""
+
+
+@db_group.command("upgrade")
+def db_upgrade_command() -> None:
+    """Create or upgrade the tables (Alembic); safe to run again.
+
+    \b
+    Example:
+      DISPATCHER_DATABASE_URL=postgresql+psycopg://dispatcher@db/dispatcher dispatcher db upgrade
+    """
+    from dispatcher.settings import load_settings
+    from dispatcher.store.migrate import upgrade_database
+
+    upgrade_database(load_settings().database_url)
+    click.echo("database is at the newest schema")

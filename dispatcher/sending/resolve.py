@@ -1,0 +1,159 @@
+"""The contract's steps 2-5 for one notification, each answered from the store when it can be.
+
+Find or create the contact, get its source_id for the inbox, reuse or create the conversation.
+Each step is resumable: what it learns is stored before the next step runs, so a worker killed
+between two steps leaves the next run less to do, never something to undo. Racing workers end
+on one contact (a duplicate create answers 422 and we search again), one source_id (the first
+stored wins) and one conversation (a claim row lets one worker create it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from dispatcher.api import Rejected, find_contact_exact
+from dispatcher.api.paging import iter_search_results
+from dispatcher.context import ACCOUNT_BUCKET, SEARCH_BUCKET, SendContext
+from dispatcher.errors import DispatcherError
+from dispatcher.store import queries as store
+
+T = TypeVar("T")
+
+
+class Wait(DispatcherError):
+    """Not now: try the notification again after ``delay_s`` (a limiter or another worker's claim)."""
+
+    def __init__(self, delay_s: float, reason: str) -> None:
+        self.delay_s = delay_s
+        self.reason = reason
+        super().__init__(f"wait {delay_s:.1f}s: {reason}")
+
+
+class NotContactable(DispatcherError):
+    """The workspace offers no binding between the contact and the route's inbox."""
+
+
+def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
+    """Take the shared rate-limit slots for one API call, then make it."""
+    wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+    if wait_s > 0:
+        if wait_s > ctx.max_inline_wait_s:
+            raise Wait(wait_s, "rate limit")
+        ctx.sleep(wait_s)
+        wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+        if wait_s > 0:
+            raise Wait(wait_s, "rate limit")
+    return call()
+
+
+def contact_keys(contact: dict[str, Any]) -> list[str]:
+    """Identity keys, identifier first: the host's stable ID beats a phone number."""
+    keys = []
+    if contact.get("identifier"):
+        keys.append(store.identity_key(identifier=contact["identifier"]))
+    if contact.get("phone_number"):
+        keys.append(store.identity_key(phone_number=contact["phone_number"]))
+    return keys
+
+
+def resolve_contact(ctx: SendContext, contact: dict[str, Any], *, inbox_id: int) -> tuple[int, str | None]:
+    """The contact's id, and the source_id for ``inbox_id`` when createContact just returned it."""
+    account_id = ctx.settings.account_id
+    keys = contact_keys(contact)
+    with ctx.sessions() as session:
+        for key in keys:
+            known = store.known_contact_id(session, account_id=account_id, key=key)
+            if known is not None:
+                return known, None
+    found = _search_once(ctx, contact)
+    source_id = None
+    if found is None:
+        try:
+            created = call_api(
+                ctx,
+                lambda: ctx.api.create_contact(
+                    inbox_id=inbox_id,
+                    name=contact.get("name"),
+                    phone_number=contact.get("phone_number"),
+                    email=contact.get("email"),
+                    identifier=contact.get("identifier"),
+                ),
+            )
+            contact_id, source_id = created.contact.id, created.source_id
+        except Rejected:
+            # A duplicate identifier, phone or e-mail: a racing worker (or the host) made it.
+            exact = call_api(
+                ctx,
+                lambda: find_contact_exact(
+                    ctx.api, identifier=contact.get("identifier"), phone_number=contact.get("phone_number")
+                ),
+                SEARCH_BUCKET,
+            )
+            if exact is None:
+                raise
+            contact_id = exact.id
+    else:
+        contact_id = found
+    with ctx.sessions.begin() as session:
+        store.remember_contact(session, account_id=account_id, keys=keys, contact_id=contact_id)
+    return contact_id, source_id
+
+
+def _search_once(ctx: SendContext, contact: dict[str, Any]) -> int | None:
+    """One exact-match search: by identifier when there is one, else by phone (at most 1 page)."""
+    field, value = ("identifier", contact["identifier"]) if contact.get("identifier") else ("phone_number", contact["phone_number"])
+
+    def search() -> int | None:
+        for candidate in iter_search_results(ctx.api, value, max_pages=1):
+            if getattr(candidate, field) == value:
+                return candidate.id
+        return None
+
+    return call_api(ctx, search, SEARCH_BUCKET)
+
+
+def resolve_source_id(ctx: SendContext, *, contact_id: int, inbox_id: int, returned: str | None) -> str:
+    """The stored source_id for the pair; else the one createContact returned, else the listed one."""
+    account_id = ctx.settings.account_id
+    with ctx.sessions() as session:
+        known = store.known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+    if known is not None:
+        return known
+    source_id = returned
+    if source_id is None:
+        entries = call_api(ctx, lambda: ctx.api.list_contactable_inboxes(contact_id))
+        source_id = next((entry.source_id for entry in entries if entry.inbox and entry.inbox.id == inbox_id), None)
+        if source_id is None:
+            raise NotContactable(f"contact {contact_id} has no binding to inbox {inbox_id}")
+    with ctx.sessions.begin() as session:
+        return store.remember_source_id(
+            session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, source_id=source_id
+        )
+
+
+def resolve_conversation(ctx: SendContext, *, contact_id: int, inbox_id: int, source_id: str) -> int:
+    """The pair's conversation, created once: one worker claims the right, the others wait."""
+    key = {"account_id": ctx.settings.account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        link = store.conversation_link(session, **key)
+        if link is not None and link.conversation_id is not None:
+            return link.conversation_id
+        # The claim outlasts one createConversation call (its whole HTTP budget), no more.
+        claim_s = ctx.settings.send_lease_s / 2
+        wait_s = store.claim_conversation(session, **key, now=now, until=now + timedelta(seconds=claim_s))
+    if wait_s > 0:
+        raise Wait(wait_s + ctx.rng.uniform(0.1, 0.5), "another worker is creating this conversation")
+    try:
+        conversation = call_api(
+            ctx, lambda: ctx.api.create_conversation(source_id=source_id, inbox_id=inbox_id, contact_id=contact_id)
+        )
+    except BaseException:
+        with ctx.sessions.begin() as session:
+            store.release_conversation_claim(session, **key)
+        raise
+    with ctx.sessions.begin() as session:
+        store.link_conversation(session, **key, conversation_id=conversation.id)
+    return conversation.id

@@ -1,0 +1,480 @@
+"""The send path: one notification's current attempt, from the store to an accepted message.
+
+At least once: the task that runs this may run again after a crash, a redelivery or a sweep.
+At most one message: every transition is a compare-and-set; before createMessage the attempt is
+marked in flight under a lease, and an attempt left in flight or unknown is first looked for in
+the conversation (:mod:`dispatcher.sending.recover`) and adopted, never blindly sent again.
+
+Steps, as the contract orders them: load and guard; recover an ambiguous earlier try; choose the
+inbox, find or create the contact, its source_id and the conversation (:mod:`dispatcher.sending.resolve`);
+apply the channel rules; take a limiter slot, mark in flight, call createMessage; record the
+message ID and status. No Celery here: the caller turns a :class:`SendResult` into a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from dispatcher import metrics
+from dispatcher.api import ApiError, Message, NotFound
+from dispatcher.context import SendContext, readback_plan_of
+from dispatcher.errors import InvalidEvent
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import (
+    SENDABLE_ATTEMPT_STATES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptPurpose,
+    AttemptState,
+    attempt_state_from_status,
+)
+from dispatcher.policy.breaker import Pause, Probe
+from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
+from dispatcher.policy.ratelimit import route_bucket
+from dispatcher.policy.readback import next_read_at
+from dispatcher.policy.retry import Decision, DecisionKind, decide
+from dispatcher.sending.recover import find_sent_message
+from dispatcher.sending.resolve import (
+    NotContactable,
+    Wait,
+    call_api,
+    contact_keys,
+    resolve_contact,
+    resolve_conversation,
+    resolve_source_id,
+)
+from dispatcher.settings import Route
+from dispatcher.store import queries as store
+from dispatcher.tracking import outcomes as tracking
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    ACCEPTED = "accepted"  # createMessage answered: the message exists
+    ADOPTED = "adopted"  # an earlier, ambiguous try had sent it: found and recorded
+    FAILED = "failed"  # the attempt ended without a message
+    SKIPPED = "skipped"  # nothing to do (already done, not due, or another worker holds it)
+    RETRY = "retry"  # try again after delay_s
+
+
+@dataclass(frozen=True)
+class SendResult:
+    outcome: Outcome
+    reason: str = ""
+    delay_s: float = 0.0
+    deferred: bool = False  # the wait is long: keep it as a due time, not a broker countdown
+    message_id: int | None = None
+    paused: bool = False  # the workspace's circuit breaker held this run back
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where the message goes: everything createMessage needs besides the body."""
+
+    inbox_id: int
+    contact_id: int
+    conversation_id: int
+    window_open: bool
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the send needs from the database, read in one short transaction."""
+
+    notification_id: int
+    attempt_id: int
+    attempt_number: int
+    purpose: AttemptPurpose
+    attempt_state: AttemptState
+    route_name: str
+    route: Route
+    tries: int
+    payload: dict[str, Any]
+    drops_payload_on_acceptance: bool
+    lease_active_s: float
+    conversation_id: int | None
+    content_hash: str | None
+    in_flight_since: Any
+    no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
+    re_resolved: bool = False  # a 404 already made this attempt forget its contact once
+    created_at: datetime | None = None  # when the notification was stored, for the latency metric
+    started: _Target | None = None  # the warm path: already marked in flight, send at once
+    body: dict[str, Any] | None = None
+
+
+def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
+    """Bring the notification's current attempt one step nearer an accepted message.
+
+    Nothing is called while the workspace's circuit breaker is open (it refused our token, or
+    could not be reached): the notification waits, saying why, until one worker's probe gets
+    through (:mod:`dispatcher.policy.breaker`). A wait longer than the retry plan's
+    ``max_countdown_s`` comes back ``deferred``: the caller keeps it as a due time, never as a
+    broker countdown.
+    """
+    result = _run(notification_id, ctx)
+    if result.outcome is Outcome.RETRY and not result.deferred and result.delay_s > ctx.plan.max_countdown_s:
+        return replace(result, deferred=True)
+    return result
+
+
+def _run(notification_id: int, ctx: SendContext) -> SendResult:
+    gate = ctx.breaker.gate()
+    if isinstance(gate, Pause):
+        return _wait_for_workspace(notification_id, None, gate, ctx)
+    try:
+        ctx.inboxes.warm()  # an API call at most once per cache period, never inside a transaction
+    except ApiError as error:
+        paused = _pause_before_job(error, notification_id, ctx)
+        if paused is not None:
+            return paused
+        # Any other failure: the slow path lists the inboxes again, inside the job, where a
+        # failure counts one of the attempt's tries, so it cannot loop past the retry limit.
+    job_or_result = _load(notification_id, ctx)
+    if isinstance(job_or_result, SendResult):
+        return job_or_result
+    job = job_or_result
+    try:
+        result = _send(job, ctx)
+    except Wait as wait:
+        return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
+    except NotContactable as error:
+        return _fail(job, ctx, "not_contactable", str(error))
+    except InvalidEvent as error:
+        return _fail(job, ctx, "invalid_for_channel", str(error))
+    except ApiError as error:  # a step before createMessage: nothing was sent by this try
+        return _forgotten(error, job, ctx) or _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
+    if isinstance(gate, Probe) and not result.paused:
+        _breaker_closed(ctx)
+    return result
+
+
+def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int | None, ctx: SendContext) -> SendResult:
+    """The policy said: the workspace refuses our token or cannot be reached. Trip the breaker for
+    every worker, and wait (not fail)."""
+    pause, opened = ctx.breaker.trip(decision.error_kind, decision.reason)
+    if opened:  # one line per pause, not one per notification
+        log.warning("workspace paused for every worker: %s; trying again in %.0f s",
+                    pause.reason, max(pause.until - time.time(), 0.0))
+        metrics.WORKSPACE_PAUSES.labels(reason=pause.reason).inc()
+    return _wait_for_workspace(notification_id, attempt_id, pause, ctx)
+
+
+def _breaker_closed(ctx: SendContext) -> None:
+    if ctx.breaker.close():
+        log.warning("workspace answers again: every worker goes on sending")
+
+
+def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pause, ctx: SendContext) -> SendResult:
+    """Record why the notification waits and hand it back for when the pause ends; past its send
+    deadline it fails with that reason instead (nothing is lost before then)."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        row = store.load_for_send(session, notification_id)
+        if row is None or row.state not in SENDABLE_NOTIFICATION_STATES:
+            return SendResult(Outcome.SKIPPED, "nothing to send")
+        due = max(row.created_at, row.send_at) if row.send_at is not None else row.created_at
+        if now - due <= timedelta(seconds=ctx.settings.send_deadline_s):
+            moves.wait_for_workspace(session, notification_id=notification_id, attempt_id=attempt_id,
+                                     reason=pause.reason, detail=pause.detail, now=now)
+            wait_s = max(pause.until - time.time(), 1.0)
+            return SendResult(Outcome.RETRY, f"workspace paused ({pause.reason})", delay_s=wait_s, deferred=True,
+                              paused=True)
+        number, route_name, purpose = _current_attempt(row)
+        route = ctx.settings.routes.get(route_name)
+        attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
+                                     channel=route.channel.value if route else "unknown", now=now)
+        moved = moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt.id,
+                                   error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
+    if moved:
+        detail = f"past the send deadline: {pause.detail}"
+        if purpose is AttemptPurpose.FALLBACK:
+            tracking.end_after_fallback_failed(notification_id, pause.reason, detail, ctx)
+        else:
+            tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
+    return SendResult(Outcome.FAILED, f"{pause.reason}: past the send deadline", paused=True)
+
+
+def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:
+    """The inbox list failed before the run took its attempt: only a reason to pause every
+    worker (a refused token, no connection) stops the run here; a 429 also pauses the limiter."""
+    decision = decide(error, tries=1, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:
+        return _pause_workspace(decision, notification_id, None, ctx)
+    if decision.pause_s > 0:
+        ctx.limiter.pause(decision.pause_s)
+    return None
+
+
+def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
+    """Read what the send needs; on the warm path (everything known), also mark it in flight."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        notification = store.load_for_send(session, notification_id)
+        if notification is None:
+            return SendResult(Outcome.SKIPPED, "no such notification")
+        if notification.state not in SENDABLE_NOTIFICATION_STATES:
+            return SendResult(Outcome.SKIPPED, f"notification is {notification.state}")
+        number, route_name, purpose = _current_attempt(notification)
+        route = ctx.settings.routes.get(route_name)
+        if route is None:
+            return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
+        attempt = store.open_attempt(
+            session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
+        )
+        if attempt.state not in SENDABLE_ATTEMPT_STATES:
+            return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
+        payload = notification.body
+        job = _Job(
+            notification_id=notification.id,
+            attempt_id=attempt.id,
+            attempt_number=number,
+            purpose=purpose,
+            attempt_state=AttemptState(attempt.state),
+            route_name=route_name,
+            route=route,
+            tries=attempt.tries,
+            payload=payload or {},
+            drops_payload_on_acceptance=_last_possible_attempt(purpose, notification.fallback_route, notification.body),
+            lease_active_s=(attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0,
+            conversation_id=attempt.conversation_id,
+            content_hash=attempt.content_hash,
+            in_flight_since=attempt.in_flight_since,
+            no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind not in (None, moves.RE_RESOLVING),
+            re_resolved=attempt.error_kind == moves.RE_RESOLVING,
+            created_at=notification.created_at,
+        )
+        if payload is None:
+            pass  # failed below, outside this transaction
+        elif job.attempt_state is AttemptState.QUEUED and job.tries <= ctx.plan.max_tries:
+            job = _start_if_known(session, job, ctx, now=now)
+        if job.started is None:
+            store.touch_for_run(session, job.notification_id, now=now)
+    if payload is None:
+        return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
+    return job
+
+
+def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datetime) -> _Job:
+    """The warm path: with inbox, contact, source_id and conversation all known, mark the
+    attempt in flight in the loading transaction itself (one commit before createMessage)."""
+    inbox = ctx.inboxes.cached(job.route)
+    if inbox is None:
+        return job
+    contact_id, source_id, conversation_id, window = store.cached_target(
+        session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]), inbox_id=inbox.id, now=now
+    )
+    if contact_id is None or source_id is None or conversation_id is None:
+        return job
+    target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
+    try:
+        body = _message_body(job, ctx, window_open=window)
+    except InvalidEvent:
+        return job  # the slow path fails it with the error recorded
+    if not _mark_in_flight(session, job, ctx, target, body, now=now):
+        return job
+    return replace(job, started=target, body=body)
+
+
+def _mark_in_flight(
+    session: Session, job: _Job, ctx: SendContext, target: _Target, body: dict[str, Any], *, now: datetime
+) -> bool:
+    return moves.claim(
+        session,
+        notification_id=job.notification_id,
+        attempt_id=job.attempt_id,
+        fallback=job.purpose is AttemptPurpose.FALLBACK,
+        target=moves.Target(inbox_id=target.inbox_id, contact_id=target.contact_id,
+                            conversation_id=target.conversation_id, channel=job.route.channel.value,
+                            content_hash=store.content_hash(body["content"])),
+        now=now,
+        lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
+    )
+
+
+def _current_attempt(row: Any) -> tuple[int, str, AttemptPurpose]:
+    """The notification's current attempt: its number, route and purpose. Its row exists once made
+    (the template resend and the fallback are made by the move that decides them); the first
+    attempt's is made by its first run, through the notification's route."""
+    if row.attempt_route is None:
+        return row.current_attempt, row.route, AttemptPurpose.FIRST
+    return row.current_attempt, row.attempt_route, AttemptPurpose(row.attempt_purpose)
+
+
+def _last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, body: dict[str, Any] | None) -> bool:
+    """No other attempt can follow this one's acceptance, so its content may go with it: the
+    fallback, or one with no fallback route that no template resend can follow."""
+    if purpose is AttemptPurpose.FALLBACK:
+        return True
+    may_resend = purpose is AttemptPurpose.FIRST and bool(body and body.get("template"))
+    return fallback_route is None and not may_resend
+
+
+def _send(job: _Job, ctx: SendContext) -> SendResult:
+    if job.started is not None and job.body is not None:
+        return _create_message(job, ctx, job.started.conversation_id, job.body)
+    if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
+        return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
+    if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
+        adopted = _recover(job, ctx)
+        if adopted is not None:
+            return adopted
+        if job.no_resend:
+            return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
+    if job.tries > ctx.plan.max_tries:
+        return _fail(job, ctx, "tries_exhausted", f"{job.tries - 1} tries used")
+
+    inbox = ctx.inboxes.resolve(job.route)
+    if inbox is None:
+        return _fail(job, ctx, "inbox_not_found", f"route {job.route_name!r} names no inbox of the workspace")
+    contact_id, returned_source_id = resolve_contact(ctx, job.payload["contact"], inbox_id=inbox.id)
+    source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
+    conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
+    with ctx.sessions() as session:
+        window = store.window_open(
+            session, account_id=ctx.settings.account_id, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()
+        )
+    body = _message_body(job, ctx, window_open=window)
+    target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        taken = _mark_in_flight(session, job, ctx, target, body, now=now)
+    if not taken:
+        return SendResult(Outcome.SKIPPED, "another worker holds the attempt")
+    return _create_message(job, ctx, conversation_id, body)
+
+
+def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dict[str, Any]) -> SendResult:
+    buckets = (route_bucket(job.route_name),) if job.route.max_per_minute is not None else ()
+    try:
+        message = call_api(ctx, lambda: ctx.api.create_message(conversation_id, **body), *buckets)
+    except Wait:
+        _release(job, ctx)
+        raise
+    except ApiError as error:
+        return _forgotten(error, job, ctx) or _after_failed_create(error, job, ctx)
+    return _record_acceptance(job, ctx, message, Outcome.ACCEPTED)
+
+
+def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str, Any]:
+    """Template or free text, as the channel and the customer-service window allow."""
+    template = job.payload.get("template")
+    kind = choose_message_kind(
+        channel=job.route.channel,
+        template_required=job.route.template_required or job.purpose is AttemptPurpose.TEMPLATE,
+        window_open=window_open,
+        has_template=template is not None,
+    )
+    body: dict[str, Any] = {"content": job.payload["content"]}
+    if kind is MessageKind.TEMPLATE:
+        assert template is not None  # choose_message_kind refuses a template kind without one
+        registered = ctx.settings.template(template["name"], template["language"])
+        if registered is None:
+            raise InvalidEvent("template.name", "is no longer in the template registry")
+        body["template_params"] = template_params(registered, template["params"])
+    return body
+
+
+def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
+    """An earlier try may have sent the message: adopt it if it is there."""
+    if job.conversation_id is None or job.content_hash is None or job.in_flight_since is None:
+        return None
+    message = find_sent_message(
+        ctx, conversation_id=job.conversation_id, content_hash=job.content_hash, since=job.in_flight_since
+    )
+    if message is None:
+        log.info("attempt %s: no message found after an unknown outcome; sending", job.attempt_id)
+        return None
+    return _record_acceptance(job, ctx, message, Outcome.ADOPTED)
+
+
+def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | None:
+    """A 404 for what the store remembered (the conversation, or the contact behind it: deleted by
+    an agent, or a reset workspace). The first time, forget every stored id of the contact and try
+    again at once: the next run finds or makes them anew. A second 404 is final (``not_found``).
+    Nothing was sent: the workspace answered 404 to the call itself."""
+    if not isinstance(error, NotFound) or job.re_resolved:
+        return None
+    with ctx.sessions.begin() as session:
+        store.forget_contact(session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]))
+        if not moves.re_resolve(session, attempt_id=job.attempt_id, now=ctx.clock()):
+            return None
+    log.info("attempt %s: the workspace no longer has its contact or conversation (%s); resolving again",
+             job.attempt_id, error.operation)
+    return SendResult(Outcome.RETRY, f"{error.operation} 404: the contact or conversation is gone; resolving again",
+                      delay_s=0.1)
+
+
+def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:
+    decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:  # refused or never connected: nothing was sent
+        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
+    if error.ambiguous:
+        # It may exist: the next run looks before it sends (state unknown skips the lease wait). The
+        # policy never gives up blind on an ambiguous write: its answer here is "look first".
+        with ctx.sessions.begin() as session:
+            moves.mark_unknown(session, attempt_id=job.attempt_id, now=ctx.clock(),
+                               no_resend_reason=None if decision.resend_allowed else decision.error_kind)
+    elif decision.kind is not DecisionKind.GIVE_UP:
+        _release(job, ctx)
+    return _apply(decision, job, ctx)
+
+
+def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:
+        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
+    if decision.pause_s > 0:
+        ctx.limiter.pause(decision.pause_s)
+    if decision.kind is DecisionKind.GIVE_UP:
+        return _fail(job, ctx, decision.error_kind, decision.reason)
+    return SendResult(Outcome.RETRY, decision.reason, delay_s=decision.delay_s, deferred=decision.deferred)
+
+
+def _release(job: _Job, ctx: SendContext) -> bool:
+    with ctx.sessions.begin() as session:
+        return moves.release(session, attempt_id=job.attempt_id, now=ctx.clock())
+
+
+def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: Outcome) -> SendResult:
+    now = ctx.clock()
+    reported = attempt_state_from_status(message.status.value if message.status else None)
+    # A message that has already failed when we record it (a recovered send whose failure webhook
+    # came before we knew its ID) is recorded as sent; its failure is then applied like any
+    # outcome below, so the single fallback decision is made.
+    state = AttemptState.SENT if reported is AttemptState.FAILED else reported
+    with ctx.sessions.begin() as session:
+        store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
+        accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                                message_id=message.id, state=state, now=now,
+                                next_read_at=next_read_at(state=state, accepted_at=now, now=now,
+                                                          plan=readback_plan_of(ctx.settings)))
+        if accepted is None:
+            return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
+        if job.drops_payload_on_acceptance:
+            store.drop_payload(session, job.notification_id)
+    if reported is AttemptState.FAILED:
+        tracking.apply_outcome(tracking.Outcome(message.id, "failed", message.external_error), ctx, ctx.enqueuer)
+    if job.created_at is not None:
+        metrics.SEND_LATENCY.observe(max((now - job.created_at).total_seconds(), 0.0))
+    return SendResult(outcome, message_id=message.id)
+
+
+def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResult:
+    """End the attempt as failed with the error recorded; the first attempt's failure then gets
+    the single fallback decision, the fallback's ends the notification."""
+    with ctx.sessions.begin() as session:
+        moved = moves.fail_attempt(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                                   error_kind=error_kind, detail=detail, now=ctx.clock())
+    log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
+    if moved:
+        if job.purpose is AttemptPurpose.FALLBACK:
+            tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
+        else:
+            tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
+    return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

@@ -1,0 +1,526 @@
+"""Every query the paths need, one named function each.
+
+Reads, and the writes that move no state (caches, times, payloads). Every state change is one of
+the lifecycle's named moves (:mod:`dispatcher.lifecycle.moves`), compare-and-set each. Callers
+own the transaction (``with sessions.begin()``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
+from dispatcher.policy import channels as channel_rules
+from dispatcher.policy.readback import READ_BACK_STATES
+from dispatcher.store.models import (
+    AppliedStatus,
+    Attempt,
+    ContactInbox,
+    ConversationLink,
+    KnownContact,
+    Notification,
+    Payload,
+    ServiceWindow,
+    WebhookDelivery,
+    table_of,
+    utcnow,
+)
+
+# The send path runs these for every notification: Core statements on the tables skip the ORM's
+# per-statement bookkeeping, and a prebuilt one skips rebuilding its expression each time.
+NOTIFICATIONS = table_of(Notification)
+ATTEMPTS = table_of(Attempt)
+PAYLOADS = table_of(Payload)
+
+_CURRENT = ATTEMPTS.alias("current_attempt_row")
+_LOAD_FOR_SEND = (
+    select(
+        NOTIFICATIONS.c.id,
+        NOTIFICATIONS.c.state,
+        NOTIFICATIONS.c.route,
+        NOTIFICATIONS.c.fallback_route,
+        NOTIFICATIONS.c.fallback_decision,
+        NOTIFICATIONS.c.current_attempt,
+        NOTIFICATIONS.c.created_at,
+        NOTIFICATIONS.c.send_at,
+        _CURRENT.c.route.label("attempt_route"),  # None until the first attempt's row exists
+        _CURRENT.c.purpose.label("attempt_purpose"),
+        PAYLOADS.c.body,
+    )
+    .select_from(
+        NOTIFICATIONS.outerjoin(PAYLOADS, PAYLOADS.c.notification_id == NOTIFICATIONS.c.id)
+        .outerjoin(_CURRENT, (_CURRENT.c.notification_id == NOTIFICATIONS.c.id)
+                   & (_CURRENT.c.number == NOTIFICATIONS.c.current_attempt))
+    )
+    .where(NOTIFICATIONS.c.id == bindparam("notification_id"))
+)
+_ATTEMPT_COLUMNS = (
+    ATTEMPTS.c.id, ATTEMPTS.c.state, ATTEMPTS.c.tries, ATTEMPTS.c.lease_until, ATTEMPTS.c.conversation_id,
+    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind,
+)
+
+
+def identity_key(*, identifier: str | None = None, phone_number: str | None = None) -> str:
+    """A stable key for a contact identity that does not store the phone number itself."""
+    kind, value = ("identifier", identifier) if identifier is not None else ("phone", phone_number)
+    if value is None:
+        raise ValueError("identity_key needs an identifier or a phone number")
+    return hashlib.sha256(f"{kind}\0{value}".encode()).hexdigest()
+
+
+def content_hash(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def _insert_ignoring_conflict(session: Session, model: type[Any], values: dict[str, Any]) -> None:
+    """INSERT that leaves an existing row alone: the first writer wins, the others read its value."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(model).values(**values).on_conflict_do_nothing())
+
+
+def commit_without_waiting(session: Session) -> None:
+    """Let this transaction's commit return before PostgreSQL has flushed it to disk.
+
+    Only for writes whose loss in a database crash is repaired by reading the service again:
+    the acceptance of a message (recovery finds the message in the conversation and adopts it),
+    the note that a task was published (the sweep publishes again). Never for marking a send in
+    flight: losing that could send twice. The database stays consistent either way.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_ASYNC_COMMIT)
+
+
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+def find_notification_by_event(session: Session, event_id: str) -> Notification | None:
+    return session.scalars(select(Notification).where(Notification.event_id == event_id)).one_or_none()
+
+
+def load_notification(session: Session, notification_id: int) -> Notification | None:
+    return session.get(Notification, notification_id)
+
+
+def add_notification(session: Session, notification: Notification, payload_body: dict[str, Any]) -> Notification:
+    """Add a new notification and its payload; the unique event_id refuses a second one at flush."""
+    session.add(notification)
+    session.flush()
+    session.add(Payload(notification_id=notification.id, body=payload_body))
+    session.flush()
+    return notification
+
+
+def count_recent_on_route(session: Session, route: str, *, since: datetime) -> int:
+    query = select(func.count()).select_from(Notification).where(
+        Notification.route == route, Notification.created_at >= since
+    )
+    return int(session.scalar(query) or 0)
+
+
+def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: datetime) -> None:
+    ids = list(notification_ids)
+    if ids:
+        session.execute(
+            update(Notification).where(Notification.id.in_(ids)).values(enqueued_at=now, next_try_at=None)
+        )
+
+
+def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int) -> list[int]:
+    """Rows a sweep should hand (again) to the queue.
+
+    New rows never enqueued (an outbox row, or an enqueue that failed), scheduled rows now due,
+    rows whose long retry wait is over, and rows queued or sending long ago with no progress
+    since (their task was lost). Sending the same ID twice is harmless: the send path is
+    idempotent and guarded by compare-and-set.
+    """
+    query = (
+        select(Notification.id)
+        .where(
+            or_(
+                (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
+                (Notification.state.in_(SENDABLE_NOTIFICATION_STATES))
+                & or_(
+                    Notification.enqueued_at.is_(None),
+                    (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
+                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before),
+                ),
+            )
+        )
+        .order_by(Notification.id)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def defer(session: Session, notification_id: int, *, at: datetime) -> None:
+    """A long wait: the sweep hands the row to the queue again at ``at`` (no broker countdown)."""
+    session.execute(update(Notification).where(Notification.id == notification_id).values(next_try_at=at))
+
+
+def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
+    """A task is working on the row now: the sweep leaves it alone until it goes stale."""
+    session.execute(
+        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(next_try_at=None, enqueued_at=now)
+    )
+
+
+def load_payload(session: Session, notification_id: int) -> dict[str, Any] | None:
+    payload = session.get(Payload, notification_id)
+    return None if payload is None else payload.body
+
+
+def drop_payload(session: Session, notification_id: int) -> None:
+    """No further send can happen: forget the content and the contact details."""
+    session.execute(delete(PAYLOADS).where(PAYLOADS.c.notification_id == notification_id))
+
+
+def recent_notifications(session: Session, *, state: str | None = None, limit: int = 50) -> list[Notification]:
+    query = select(Notification).order_by(Notification.id.desc()).limit(limit)
+    if state is not None:
+        query = query.where(Notification.state == state)
+    return list(session.scalars(query))
+
+
+# --- attempts -------------------------------------------------------------------------------
+
+
+def attempts_of(session: Session, notification_id: int) -> list[Attempt]:
+    return list(
+        session.scalars(select(Attempt).where(Attempt.notification_id == notification_id).order_by(Attempt.number))
+    )
+
+
+def load_for_send(session: Session, notification_id: int) -> Row[Any] | None:
+    """The notification's routing columns and its payload, in one round trip."""
+    return session.execute(_LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
+
+
+def open_attempt(
+    session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime
+) -> Row[Any]:
+    """The attempt's row for this run (the lifecycle's ``open_attempt`` move), with what the send reads."""
+    return moves.open_attempt(session, notification_id=notification_id, number=number, route=route, channel=channel,
+                              now=now, columns=_ATTEMPT_COLUMNS)
+
+
+def message_adopted_elsewhere(session: Session, message_id: int) -> bool:
+    return session.scalar(select(func.count()).select_from(Attempt).where(Attempt.message_id == message_id)) != 0
+
+
+# --- the reuse caches -----------------------------------------------------------------------
+
+
+def known_contact_id(session: Session, *, account_id: int, key: str) -> int | None:
+    return session.scalar(
+        select(KnownContact.contact_id).where(KnownContact.account_id == account_id, KnownContact.identity_key == key)
+    )
+
+
+def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], contact_id: int) -> None:
+    for key in keys:
+        _insert_ignoring_conflict(
+            session, KnownContact, {"account_id": account_id, "identity_key": key, "contact_id": contact_id}
+        )
+
+
+def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> str | None:
+    return session.scalar(
+        select(ContactInbox.source_id).where(
+            _same_pair(ContactInbox, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+        )
+    )
+
+
+def remember_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int, source_id: str) -> str:
+    """Store the first source_id seen for the pair and return the stored one (maybe a racer's)."""
+    _insert_ignoring_conflict(
+        session,
+        ContactInbox,
+        {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id, "source_id": source_id},
+    )
+    stored = known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+    assert stored is not None
+    return stored
+
+
+def forget_contact(session: Session, *, account_id: int, keys: Sequence[str]) -> None:
+    """The workspace no longer has the contact (or its conversation): forget every cached id of it,
+    so the next run looks it up, and makes what is missing, again."""
+    contact_ids = list(session.scalars(select(KnownContact.contact_id).where(
+        KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))))
+    session.execute(delete(KnownContact).where(KnownContact.account_id == account_id,
+                                               KnownContact.identity_key.in_(list(keys))))
+    if contact_ids:
+        for model in (KnownContact, ContactInbox, ConversationLink):
+            session.execute(delete(model).where(model.account_id == account_id, model.contact_id.in_(contact_ids)))
+
+
+def conversation_link(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> ConversationLink | None:
+    return session.scalars(
+        select(ConversationLink)
+        .where(_same_pair(ConversationLink, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id))
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def _same_pair(model: Any, *, account_id: int, contact_id: int, inbox_id: int) -> Any:
+    return (model.account_id == account_id) & (model.contact_id == contact_id) & (model.inbox_id == inbox_id)
+
+
+def claim_conversation(
+    session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime, until: datetime
+) -> float:
+    """Claim the right to create the pair's conversation: 0.0 when claimed, else the seconds left
+    on another holder's claim (wait that long; a holder that died leaves a claim that expires)."""
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    _insert_ignoring_conflict(session, ConversationLink, {**key, "conversation_id": None, "claimed_until": None})
+    result = session.execute(
+        update(ConversationLink)
+        .where(
+            _same_pair(ConversationLink, **key),
+            ConversationLink.conversation_id.is_(None),
+            or_(ConversationLink.claimed_until.is_(None), ConversationLink.claimed_until < now),
+        )
+        .values(claimed_until=until)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return 0.0
+    link = conversation_link(session, **key)
+    if link is None or link.claimed_until is None:
+        return 0.5  # it was linked meanwhile: the next try reads it
+    return max((link.claimed_until - now).total_seconds(), 0.5)
+
+
+def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    session.execute(
+        update(ConversationLink).where(_same_pair(ConversationLink, **key)).values(conversation_id=conversation_id, claimed_until=None)
+    )
+
+
+def release_conversation_claim(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> None:
+    """Give the claim back at once after a failed create, so the next try need not wait it out."""
+    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    session.execute(
+        update(ConversationLink)
+        .where(_same_pair(ConversationLink, **key), ConversationLink.conversation_id.is_(None))
+        .values(claimed_until=None)
+    )
+
+
+def cached_target(
+    session: Session, *, account_id: int, keys: Sequence[str], inbox_id: int, now: datetime
+) -> tuple[int | None, str | None, int | None, bool]:
+    """What the store already knows for a contact and inbox, in one round trip: contact_id,
+    source_id, conversation display ID, and whether the service window is open."""
+    if not keys:
+        return None, None, None, False
+    def same_pair(model: Any) -> Any:
+        return (
+            (model.account_id == KnownContact.account_id)
+            & (model.contact_id == KnownContact.contact_id)
+            & (model.inbox_id == inbox_id)
+        )
+    rows = session.execute(
+        select(
+            KnownContact.identity_key,
+            KnownContact.contact_id,
+            ContactInbox.source_id,
+            ConversationLink.conversation_id,
+            ServiceWindow.last_incoming_at,
+        )
+        .select_from(KnownContact)
+        .outerjoin(ContactInbox, same_pair(ContactInbox))
+        .outerjoin(ConversationLink, same_pair(ConversationLink))
+        .outerjoin(ServiceWindow, same_pair(ServiceWindow))
+        .where(KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))
+    ).all()
+    if not rows:
+        return None, None, None, False
+    row = min(rows, key=lambda found: list(keys).index(found.identity_key))  # identifier before phone
+    window = channel_rules.window_open(row.last_incoming_at, now=now)
+    return row.contact_id, row.source_id, row.conversation_id, window
+
+
+def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime) -> bool:
+    """True while the contact's last incoming message through the inbox is under 24 hours old."""
+    last = session.scalar(
+        select(ServiceWindow.last_incoming_at).where(
+            _same_pair(ServiceWindow, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+        )
+    )
+    return channel_rules.window_open(last, now=now)
+
+
+# --- delivery tracking ----------------------------------------------------------------------
+
+
+def attempt_by_message(session: Session, message_id: int, *, for_update: bool = False) -> Attempt | None:
+    """The attempt that sent this message; locked for the transaction when ``for_update``
+    (PostgreSQL), so concurrent consumers of the same message take turns."""
+    query = select(Attempt).where(Attempt.message_id == message_id).execution_options(populate_existing=True)
+    if for_update and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.scalars(query).one_or_none()
+
+
+def record_applied_status(session: Session, message_id: int, status: str) -> bool:
+    """Note that (message, status) is being applied; False when it was already."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
+    table = table_of(AppliedStatus)
+    inserted = session.execute(
+        insert(table)
+        .values(message_id=message_id, status=status, applied_at=utcnow())
+        .on_conflict_do_nothing()
+        .returning(table.c.message_id)
+    ).first()
+    return inserted is not None
+
+
+def open_service_window(session: Session, *, account_id: int, contact_id: int, inbox_id: int, at: datetime) -> None:
+    """Record an incoming message's time for the pair; an older report never moves it back."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(ServiceWindow).values(
+        account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[ServiceWindow.account_id, ServiceWindow.contact_id, ServiceWindow.inbox_id],
+            set_={"last_incoming_at": func.max(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)}
+            if dialect == "sqlite"
+            else {"last_incoming_at": func.greatest(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)},
+        )
+    )
+
+
+def note_read(session: Session, message_ids: Sequence[int], *, at: datetime) -> dict[int, tuple[int, str]]:
+    """The message list was read at ``at`` (the moment the call began): note it on our attempts
+    among ``message_ids``; their attempt ID and state, by message ID."""
+    if not message_ids:
+        return {}
+    rows = session.execute(
+        update(ATTEMPTS).where(ATTEMPTS.c.message_id.in_(list(message_ids))).values(last_read_at=at)
+        .returning(ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.state)
+    ).all()
+    return {row.message_id: (row.id, row.state) for row in rows}
+
+
+def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> None:
+    """When reconciliation reads the attempt back next (None: never again)."""
+    session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(next_read_at=at))
+
+
+def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> list[int]:
+    """Attempts whose read back is due, oldest first; an attempt whose fallback has been decided
+    is left alone (the first attempt of a notification with a decision)."""
+    return list(session.scalars(
+        select(Attempt.id)
+        .join(Notification, Notification.id == Attempt.notification_id)
+        .where(
+            Attempt.state.in_(sorted(READ_BACK_STATES)),
+            Attempt.message_id.is_not(None),
+            Attempt.next_read_at <= now,
+            Attempt.number == Notification.current_attempt,
+            or_(Attempt.purpose == AttemptPurpose.FALLBACK, Notification.fallback_decision.is_(None)),
+        )
+        .order_by(Attempt.next_read_at)
+        .limit(limit)
+    ))
+
+
+def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[int]:
+    """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
+    fallback decided (the first send, or its resend as a template)."""
+    return list(
+        session.scalars(
+            select(Attempt.notification_id)
+            .join(Notification, Notification.id == Attempt.notification_id)
+            .where(
+                Attempt.number == Notification.current_attempt,
+                Attempt.purpose != AttemptPurpose.FALLBACK,
+                Attempt.route == route,
+                Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
+                Attempt.accepted_at < accepted_before,
+                Notification.fallback_decision.is_(None),
+            )
+            .limit(limit)
+        )
+    )
+
+
+def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, str, str | None, str | None]]:
+    """Failed current attempts whose consequence is missing: a first or template attempt with no
+    fallback decision, or a fallback whose notification was not ended.
+    (notification id, attempt purpose, error kind, detail)"""
+    rows = session.execute(
+        select(Attempt.notification_id, Attempt.purpose, Attempt.error_kind, Attempt.error_detail)
+        .join(Notification, Notification.id == Attempt.notification_id)
+        .where(
+            Attempt.state == AttemptState.FAILED,
+            Attempt.updated_at < failed_before,
+            Attempt.number == Notification.current_attempt,
+            or_(
+                (Attempt.purpose != AttemptPurpose.FALLBACK) & Notification.fallback_decision.is_(None),
+                (Attempt.purpose == AttemptPurpose.FALLBACK) & (Notification.state != NotificationState.FAILED),
+            ),
+        )
+        .limit(limit)
+    ).all()
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def unprocessed_deliveries(session: Session, *, received_before: datetime, limit: int) -> list[int]:
+    """Recorded webhook deliveries whose outcome task never finished (lost with a consumer)."""
+    return list(
+        session.scalars(
+            select(WebhookDelivery.id)
+            .where(WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < received_before)
+            .order_by(WebhookDelivery.id)
+            .limit(limit)
+        )
+    )
+
+
+def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | None:
+    return session.get(WebhookDelivery, delivery_row_id)
+
+
+def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
+    """One more consumer run of an unprocessed delivery: its try number, or None when it is done."""
+    deliveries = table_of(WebhookDelivery)
+    return session.execute(
+        update(deliveries)
+        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
+        .values(tries=deliveries.c.tries + 1)
+        .returning(deliveries.c.tries)
+    ).scalar_one_or_none()
+
+
+def note_delivery_error(session: Session, delivery_row_id: int, *, error: str) -> None:
+    deliveries = table_of(WebhookDelivery)
+    session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(last_error=error[:80]))
+
+
+def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
+    deliveries = table_of(WebhookDelivery)
+    result = session.execute(
+        update(deliveries)
+        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
+        .values(processed_at=now, outcome=outcome[:40])
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]

@@ -1,0 +1,305 @@
+"""Apply delivery outcomes monotonically, and make the single fallback decision.
+
+An outcome (from a webhook, or read back from the message list) moves an attempt's state only
+forward: sent < delivered < read, failed ends it. Each (message ID, status) is applied once,
+whatever delivery ID it came under. When the first attempt fails, or is not delivered by its
+route's deadline, one decision is stored with a compare-and-set on ``fallback_decision IS NULL``:
+fall back to the fallback route, or not, with the reason. However many consumers see however
+many copies of the failure, only one decision exists, and only the winner enqueues the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from dispatcher import metrics
+from dispatcher.api import ApiError
+from dispatcher.context import SendContext, readback_plan_of
+from dispatcher.enqueue import Enqueuer
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
+from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
+from dispatcher.policy.readback import next_read_at
+from dispatcher.sending.resolve import call_api
+from dispatcher.store import queries as store
+from dispatcher.store.models import Attempt, Notification
+from dispatcher.tracking.webhooks.events import EventSummary
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class Outcome:
+    message_id: int
+    status: str | None
+    external_error: str | None
+
+
+def fallback_rules(ctx: SendContext) -> FallbackRules:
+    settings = ctx.settings
+    return FallbackRules(
+        fallback_codes=frozenset(settings.fallback_codes),
+        no_fallback_codes=frozenset(settings.no_fallback_codes),
+        unknown_falls_back=settings.unknown_error_falls_back,
+    )
+
+
+def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, received_at: datetime | None = None) -> str:
+    """Apply one webhook event summary; return what happened, as a short word for the record.
+
+    An event without a status (a stock workspace's) costs a read of the message list, unless the
+    attempt is settled, or a read made after the event was received (``received_at``) already
+    told what it announces; one read answers every message of ours on the page it returns.
+    """
+    event = summary.event
+    if event == "message_created" and summary.message_type == "incoming":
+        return open_window(summary, ctx)
+    if event not in ("message_created", "message_updated") or summary.message_id is None:
+        return "ignored"
+    message_id = summary.message_id
+    with ctx.sessions() as session:
+        attempt = store.attempt_by_message(session, message_id)
+    if attempt is None:
+        return "ignored_not_ours"
+    status, external_error = summary.status, summary.external_error
+    if status is None:
+        if event == "message_created":
+            return "ignored_no_status"  # our own message announced: nothing new to learn
+        if attempt.state in (AttemptState.READ, AttemptState.FAILED):
+            return "settled"  # nothing later can be learned
+        if received_at is not None and attempt.last_read_at is not None and attempt.last_read_at >= received_at:
+            return "known_from_read"  # a read begun after this event arrived already applied its news
+        # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
+        found = read_outcomes(ctx, conversation_id=attempt.conversation_id, message_id=message_id)
+        mine = found.pop(message_id, None)
+        for other in found.values():  # the same read answers our other messages on the page
+            apply_outcome(other, ctx, enqueuer)
+        if mine is None or mine.status is None:
+            return "no_status"
+        status, external_error = mine.status, mine.external_error
+    return apply_outcome(Outcome(message_id, status, external_error), ctx, enqueuer)
+
+
+def open_window(summary: EventSummary, ctx: SendContext) -> str:
+    """An incoming customer message opens the 24-hour customer-service window for the pair.
+
+    The window opens at the message's own time, never later than now: a sender's clock ahead of
+    ours must not stretch the window past 24 hours.
+    """
+    if summary.contact_id is None or summary.inbox_id is None:
+        return "ignored_incoming_without_ids"
+    now = ctx.clock()
+    at = min(summary.created_at, now) if summary.created_at is not None else now
+    with ctx.sessions.begin() as session:
+        store.open_service_window(
+            session, account_id=ctx.settings.account_id, contact_id=summary.contact_id, inbox_id=summary.inbox_id, at=at
+        )
+    return "window_opened"
+
+
+def read_outcome(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> Outcome | None:
+    """The message's status from the message list of its (stored) conversation."""
+    return read_outcomes(ctx, conversation_id=conversation_id, message_id=message_id).get(message_id)
+
+
+def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> dict[int, Outcome]:
+    """A read of the message list of a (stored) conversation: the news it holds for each of our
+    messages on the page (``message_id``'s always, when listed; the others' only where it is
+    later than what we know). Notes the read on every one of those attempts.
+
+    The latest page first, so that one read answers every recent message of the conversation (a
+    patient's reminders often go out together); a message older than that page costs a second
+    read, of the page that ends with it."""
+    if conversation_id is None:
+        return {}
+    began = ctx.clock()
+    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id))
+    if all(message.id != message_id for message in page.messages):
+        page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
+    listed = {message.id: message for message in page.messages}
+    with ctx.sessions.begin() as session:
+        ours = store.note_read(session, list(listed), at=began)
+    found: dict[int, Outcome] = {}
+    for listed_id, (_, state) in ours.items():
+        message = listed[listed_id]
+        status = message.status.value if message.status is not None else None
+        news = status is not None and advance(AttemptState(state), attempt_state_from_status(status)) != state
+        if listed_id == message_id or news:
+            found[listed_id] = Outcome(listed_id, status, message.external_error)
+    return found
+
+
+def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+    """Move the attempt forward (never back), once per (message, status); decide on a failure."""
+    reported = attempt_state_from_status(outcome.status)
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        attempt = store.attempt_by_message(session, outcome.message_id, for_update=True)
+        if attempt is None:
+            return "ignored_not_ours"
+        if outcome.status is not None and not store.record_applied_status(session, outcome.message_id, outcome.status):
+            return "duplicate_status"
+        current = AttemptState(attempt.state)
+        new = advance(current, reported)
+        if new == current:
+            return "stale"
+        read_next = next_read_at(state=new, accepted_at=attempt.accepted_at or now, now=now,
+                                 plan=readback_plan_of(ctx.settings))
+        if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
+                                    attempt_number=attempt.number, current=current, new=new,
+                                    external_error=outcome.external_error, now=now, next_read_at=read_next):
+            return "stale"  # a concurrent outcome moved it first; its own run carries on from there
+        notification = session.get(Notification, attempt.notification_id)
+        assert notification is not None
+        if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == notification.current_attempt:
+            store.drop_payload(session, notification.id)  # delivered: no other attempt can be needed any more
+        purpose, notification_id = AttemptPurpose(attempt.purpose), notification.id
+    if new is not AttemptState.FAILED:
+        return f"applied_{new.value}"
+    if purpose is AttemptPurpose.FALLBACK:
+        return end_after_fallback_failed(notification_id, "external_error", outcome.external_error, ctx)
+    return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
+
+
+def decide_after_external_failure(
+    notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None, *,
+    purpose: AttemptPurpose = AttemptPurpose.FIRST,
+) -> str:
+    """The current attempt's message failed. 131047 on the first send of a request that carries an
+    approved template: resend as that template, once, on the same route. Otherwise classify the
+    error code and make the single fallback decision."""
+    with ctx.sessions() as session:
+        notification = session.get(Notification, notification_id)
+        body = store.load_payload(session, notification_id)
+        if notification is None:
+            return "ignored"
+        number, route_name = notification.current_attempt, notification.route
+    has_template = bool(body and body.get("template"))
+    verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
+    route = ctx.settings.routes.get(route_name)
+    if resends_as_template(verdict, attempt_purpose=purpose, has_template=has_template) and route is not None:
+        with ctx.sessions.begin() as session:
+            resent = moves.resend_as_template(session, notification_id=notification_id, failed_number=number,
+                                              route=route_name, channel=route.channel.value, now=ctx.clock())
+        if resent:
+            log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
+            if enqueuer is not None:
+                published = enqueuer.enqueue_send([notification_id])
+                with ctx.sessions.begin() as session:
+                    store.mark_enqueued(session, published, now=ctx.clock())
+            return "resend_as_template"
+    reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
+    return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
+                           enqueuer=enqueuer, error_kind="external_error", error_detail=external_error)
+
+
+def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_before: datetime, limit: int) -> int:
+    """Finish what a process killed between recording a failure and deciding left undone.
+
+    A failed first attempt with no decision gets it (by its error code, or as a send failure);
+    a failed fallback whose notification is not ended is ended. Both are idempotent.
+    """
+    with ctx.sessions() as session:
+        undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
+    for notification_id, purpose, error_kind, error_detail in undecided:
+        if purpose == AttemptPurpose.FALLBACK:
+            end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
+        elif error_kind == "external_error":
+            decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))
+        else:
+            decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
+    return len(undecided)
+
+
+def decide_after_send_failure(
+    notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext, enqueuer: Enqueuer | None
+) -> str:
+    """The first attempt failed before any message existed: decide once, like any failure."""
+    fall_back = send_failure_falls_back(error_kind)
+    return decide_fallback(
+        notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer,
+        error_kind=error_kind, error_detail=error_detail,
+    )
+
+
+def decide_fallback(
+    notification_id: int, *, fall_back: bool, reason: str, failed: bool, ctx: SendContext, enqueuer: Enqueuer | None,
+    error_kind: str | None = None, error_detail: str | None = None,
+) -> str:
+    """The single fallback decision: one compare-and-set; only its winner acts on it.
+
+    ``failed``: the first attempt ended as failed (the notification fails, with ``error_kind`` and
+    ``error_detail``, unless it falls back); otherwise it is a deadline decision on an attempt that
+    is still only sent.
+    """
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        notification = session.get(Notification, notification_id)
+        if notification is None:
+            return "ignored"
+        if fall_back and notification.fallback_route is None:
+            fall_back, reason = False, f"{reason}; no fallback route"
+        route = ctx.settings.routes.get(notification.fallback_route or "") if fall_back else None
+        if fall_back and route is None:
+            fall_back, reason = False, f"{reason}; fallback route {notification.fallback_route!r} not configured"
+        decision = moves.FallbackDecision(
+            fall_back=fall_back, reason=reason, failed=failed, error_kind=error_kind, error_detail=error_detail,
+            fallback_route=notification.fallback_route if fall_back else None,
+            fallback_channel=route.channel.value if route is not None else None,
+        )
+        if not moves.decide_fallback(session, notification_id=notification_id, decision=decision, now=now):
+            return "already_decided"
+        if not fall_back:
+            store.drop_payload(session, notification_id)
+    verdict = "fallback" if fall_back else "none"
+    log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, reason)
+    metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
+    if fall_back and enqueuer is not None:
+        published = enqueuer.enqueue_send([notification_id])
+        with ctx.sessions.begin() as session:
+            store.mark_enqueued(session, published, now=ctx.clock())
+    return "fallback" if fall_back else "no_fallback"
+
+
+def end_after_fallback_failed(notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext) -> str:
+    """The fallback failed too: the notification fails, with the fallback's reason; nothing more is sent."""
+    with ctx.sessions.begin() as session:
+        moves.end_failed(session, notification_id=notification_id, error_kind=error_kind, detail=error_detail,
+                         now=ctx.clock())
+        store.drop_payload(session, notification_id)
+    return "fallback_failed"
+
+
+def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Read an unconfirmed attempt's message back and apply what the service says; schedule the
+    next read (backing off with the attempt's age, none past the horizon), also after a failed read."""
+    with ctx.sessions() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.message_id is None:
+            return "ignored"
+        message_id, conversation_id = attempt.message_id, attempt.conversation_id
+        state, accepted_at = AttemptState(attempt.state), attempt.accepted_at
+    try:
+        found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
+    except ApiError as error:
+        log.warning("reconciling attempt %s: %s", attempt_id, type(error).__name__)
+        found, result = None, "unreadable"
+    else:
+        result = "no_status"
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        store.schedule_read(session, attempt_id, at=next_read_at(state=state, accepted_at=accepted_at or now, now=now,
+                                                                  plan=readback_plan_of(ctx.settings)))
+    if found is None or found.status is None:
+        return result
+    return apply_outcome(found, ctx, enqueuer)
+
+
+def attempts_to_reconcile(ctx: SendContext, *, limit: int) -> list[int]:
+    """Attempts due for a read back: not yet read or failed, still the notification's current
+    attempt with no fallback decided, and within their horizon (their next read is set)."""
+    with ctx.sessions() as session:
+        return store.attempts_due_for_read(session, now=ctx.clock(), limit=limit)

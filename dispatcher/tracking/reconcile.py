@@ -1,0 +1,114 @@
+"""The tracking sweep (Celery beat): lost deliveries, unconfirmed attempts, delivery deadlines.
+
+1. Webhook deliveries recorded but never processed (their task was lost) are published again.
+2. Attempts still unconfirmed (accepted or sent) ``reconcile_after_s`` after their last news are
+   read back from the message list, so a dropped webhook never leaves an outcome unknown.
+3. First attempts not delivered by their route's ``delivery_deadline_s`` get the single fallback
+   decision (after reconciliation, so a lost "delivered" does not cause a needless fallback).
+4. A failure recorded by a process that was killed before it made the decision gets it now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from pydantic import ValidationError
+
+from dispatcher import metrics
+from dispatcher.context import SendContext
+from dispatcher.enqueue import Enqueuer
+from dispatcher.sending.resolve import Wait
+from dispatcher.store import queries as store
+from dispatcher.tracking import outcomes as tracking
+from dispatcher.tracking.webhooks.events import EventSummary
+
+log = logging.getLogger(__name__)
+
+BATCH = 100
+DELIVERY_GRACE_S = 30.0  # a delivery's own task normally runs within this
+
+
+@dataclass
+class SweepReport:
+    republished: int = 0
+    reconciled: dict[str, int] = field(default_factory=dict)
+    deadline_decisions: dict[str, int] = field(default_factory=dict)
+    repaired: int = 0  # failures whose decision a killed process never made
+
+
+def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
+    report = SweepReport()
+    now = ctx.clock()
+    with ctx.sessions() as session:
+        lost = store.unprocessed_deliveries(session, received_before=now - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH)
+    for delivery_row_id in lost:
+        publish_outcome(delivery_row_id)
+        report.republished += 1
+    for attempt_id in tracking.attempts_to_reconcile(ctx, limit=BATCH):
+        result = tracking.reconcile_attempt(attempt_id, ctx, enqueuer)
+        report.reconciled[result] = report.reconciled.get(result, 0) + 1
+    for name, route in ctx.settings.routes.items():
+        with ctx.sessions() as session:
+            late = store.attempts_past_deadline(
+                session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH
+            )
+        for notification_id in late:
+            result = tracking.decide_fallback(
+                notification_id, fall_back=True, reason="not delivered by the deadline", failed=False, ctx=ctx, enqueuer=enqueuer
+            )
+            report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
+    report.repaired = tracking.repair_undecided_failures(
+        ctx, enqueuer, failed_before=ctx.clock() - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH
+    )
+    return report
+
+
+def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent).
+
+    Each run counts a try on the row. A run that fails keeps the error's kind on the row and
+    raises (a Wait is retried soon by the task; anything else waits for the tracking sweep to
+    publish the row again); past ``delivery_max_tries`` the delivery is set aside, with its reason,
+    and never tried again: no single event can stop the consumer. Reconciliation still reads the
+    message's state back, so setting a delivery aside loses no outcome.
+    """
+    with ctx.sessions.begin() as session:
+        tries = store.count_delivery_try(session, delivery_row_id)
+        if tries is None:
+            return "already_processed" if store.load_delivery(session, delivery_row_id) is not None else "missing"
+        delivery = store.load_delivery(session, delivery_row_id)
+        assert delivery is not None
+        if tries > ctx.settings.delivery_max_tries:
+            store.mark_delivery_processed(session, delivery_row_id, outcome="set_aside", now=ctx.clock())
+            last_error = delivery.last_error
+        else:
+            last_error = None
+            raw_summary, received_at = dict(delivery.summary), delivery.received_at
+    if tries > ctx.settings.delivery_max_tries:
+        log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, tries - 1,
+                    last_error or "unknown")
+        metrics.OUTCOMES.labels(result="set_aside").inc()
+        return "set_aside"
+    # Back to the typed record the receiver stored, so times are datetimes again, not JSON strings.
+    try:
+        summary: EventSummary | None = EventSummary.model_validate(raw_summary)
+    except ValidationError:
+        summary = None  # not written by this version's receiver: retrying cannot make it readable
+    wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - received_at).total_seconds()
+    if summary is not None and summary.event == "message_updated" and summary.status is None and wait_s > 0:
+        raise Wait(wait_s, "a short wait lets one read of the conversation answer the events around this one")
+    try:
+        outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at) if summary is not None
+                   else "ignored_unreadable")
+    except Exception as error:
+        with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
+            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__)
+        raise
+    metrics.OUTCOMES.labels(result=outcome).inc()
+    with ctx.sessions.begin() as session:
+        store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
+    return outcome

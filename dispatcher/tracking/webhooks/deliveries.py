@@ -1,0 +1,107 @@
+"""Record verified deliveries once, by delivery ID, and hand their row IDs to the consumer.
+
+The real service reuses a delivery ID when it retries, so the ID is unique in
+``webhook_deliveries``. :func:`record_deliveries` writes a batch in ONE transaction with
+``INSERT ... ON CONFLICT (delivery_id) DO NOTHING RETURNING id, delivery_id`` (SQLite and
+PostgreSQL, the two stores the dispatcher supports), so a duplicate is no exception. An ID that
+comes twice in one batch is recorded once, for its first occurrence.
+
+Guarantee: rows are committed before their IDs are published; publishing is at least once (the
+tracking sweep publishes rows that stay unprocessed), so the consumer must be idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from dispatcher.errors import ConfigurationError
+from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, broker_transport_options
+from dispatcher.store.models import WebhookDelivery, table_of
+
+Publish = Callable[[int], None]
+_INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_TABLE = table_of(WebhookDelivery)
+
+
+@dataclass(frozen=True, slots=True)
+class NewDelivery:
+    delivery_id: str
+    event: str
+    summary: dict[str, Any]  # EventSummary.model_dump(mode="json"): IDs and status, no personal data
+    received_at: datetime
+
+
+def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewDelivery]) -> list[int | None]:
+    """Insert and commit; per delivery, in order: its new row ID, or None if recorded before."""
+    first: dict[str, int] = {}
+    for index, delivery in enumerate(deliveries):
+        first.setdefault(delivery.delivery_id, index)
+    rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at}
+            for index, d in enumerate(deliveries) if first[d.delivery_id] == index]
+    with sessions() as session:
+        connection = session.connection()
+        dialect = connection.dialect.name
+        if dialect not in _INSERTS:
+            raise ConfigurationError("DISPATCHER_DATABASE_URL", f"the receiver needs SQLite or PostgreSQL, not {dialect}")
+        # Core executemany: compiled once and cached, sent as multi-row VALUES ("insertmanyvalues").
+        statement = (_INSERTS[dialect](_TABLE).on_conflict_do_nothing(index_elements=["delivery_id"])  # type: ignore[attr-defined]
+                     .returning(_TABLE.c.id, _TABLE.c.delivery_id))
+        inserted = {delivery_id: row_id for row_id, delivery_id in connection.execute(statement, rows)}
+        session.commit()
+    return [inserted.get(d.delivery_id) if first[d.delivery_id] == index else None
+            for index, d in enumerate(deliveries)]
+
+
+class CeleryOutcomePublisher:
+    """Publishes ``dispatcher.outcome`` with a delivery row ID, by task name (no worker code).
+
+    Messages are built by Celery (``app.amqp.as_task_v2``, the same headers ``send_task`` writes,
+    with ``argsrepr``) and published through one kombu producer, batched into one Redis pipeline
+    by :meth:`publish_many`. Celery's publish signals are not sent. It fails fast (1 s socket
+    timeouts, no publish retries): the receiver answers within milliseconds, and a row whose
+    publish failed stays unprocessed until the tracking sweep publishes it.
+    """
+
+    def __init__(self, broker_url: str) -> None:
+        self._app = Celery("dispatcher-receiver", broker=broker_url, set_as_current=False)
+        options = broker_transport_options(broker_url)
+        if broker_url.startswith(("redis://", "rediss://")):
+            options.update(socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._app.conf.broker_transport_options = options
+        self._app.conf.broker_connection_retry_on_startup = False
+        self._app.conf.broker_connection_timeout = 1.0
+        self._app.conf.task_serializer = "json"
+        self._queue = self._app.amqp.queues[OUTCOMES_QUEUE]  # declared on the first publish only
+        self._declared = False
+
+    def __call__(self, row_id: int) -> None:
+        self.publish_many([row_id])
+
+    def publish_many(self, row_ids: Sequence[int]) -> None:
+        """Publish one task per row ID; raises if the broker refuses (none may have been sent)."""
+        if not row_ids:
+            return
+        with self._app.producer_or_acquire() as producer:
+            batch = producer.batch() if hasattr(producer, "batch") else contextlib.nullcontext()
+            with batch:
+                for row_id in row_ids:
+                    task_id = str(uuid.uuid4())
+                    headers, properties, body, _ = self._app.amqp.as_task_v2(
+                        task_id, OUTCOME_TASK, args=[row_id], kwargs={},
+                        argsrepr=f"(delivery={row_id})", kwargsrepr="{}")
+                    producer.publish(body, exchange="", routing_key=OUTCOMES_QUEUE, serializer="json",
+                                     headers=headers, delivery_mode=2, retry=False,
+                                     declare=[] if self._declared else [self._queue], **properties)
+        self._declared = True
+
+    def close(self) -> None:
+        self._app.close()

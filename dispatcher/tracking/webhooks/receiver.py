@@ -1,0 +1,200 @@
+"""The webhook receiver: a Starlette app that verifies, records and queues deliveries.
+
+``POST <webhook_path>``, in this order (docs/receiver.md has the table of answers):
+
+1. size: ``Content-Length`` over ``webhook_max_body_bytes``, or a streamed body passing it,
+   answers 413 ``body_too_large`` at once, without reading the rest;
+2. :func:`~dispatcher.tracking.webhooks.verify.verify_delivery` on the raw bytes (401 / 400 / 503);
+3. JSON, only now: not JSON, not an object, or no ``event`` answers 400 ``malformed_body``;
+4. the summary (IDs and status only, :mod:`dispatcher.tracking.webhooks.events`) is inserted and
+   committed under the delivery ID; an ID recorded before answers 200 ``duplicate`` and
+   nothing else happens;
+5. the row ID is published to the outcomes queue; if that fails the answer is still 200
+   (the row stays unprocessed and the tracking sweep publishes it), with a warning logged;
+6. 200 ``accepted``. A store failure answers 503 ``store_unavailable`` (nothing was recorded).
+
+The same app serves ``GET /healthz``, ``GET /metrics`` (Prometheus: verdicts, notifications by
+state) and, when ``intake_token`` is set, the HTTP intake (:mod:`dispatcher.intake.http`).
+
+Steps 4 and 5 are a group commit: one writer at a time runs in Starlette's threadpool, off the
+event loop; deliveries verified while it writes wait and go together in the next transaction
+and the next broker pipeline. Each request still waits for its own commit (and publish) before
+it is answered, so a 200 always means "recorded"; one delivery alone is written at once.
+
+A refusal stores nothing and publishes nothing. Logs carry the reason, the status and the
+delivery ID (when well formed), never the body, a header's other values or a secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dispatcher.errors import WebhookRejected
+from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
+from dispatcher.settings import Settings, load_settings
+from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
+from dispatcher.tracking.webhooks.events import EventSummary, summarize
+from dispatcher.tracking.webhooks.verify import DELIVERY_ID, verify_delivery
+from dispatcher.tracking.webhooks.writer import GroupWriter
+
+log = logging.getLogger(__name__)
+
+ACCEPTED = b'{"status":"accepted"}'
+DUPLICATE = b'{"status":"duplicate"}'
+
+
+def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] | None = None,
+                        publish: Publish | None = None, clock: Callable[[], float] = time.time) -> Starlette:
+    """The receiver app. ``sessions`` defaults to the settings' database, ``publish`` to a Celery
+    producer on the settings' broker; ``clock`` (unix seconds) is "now" for the replay window."""
+    secrets = [secret.get_secret_value() for secret in settings.webhook_secrets]
+    prefixes = settings.webhook_header_prefixes
+    window_s, limit = settings.webhook_replay_window_s, settings.webhook_max_body_bytes
+    delivery_headers = [f"x-{prefix.lower()}-delivery" for prefix in prefixes]
+    if not any(secrets):
+        log.error("no webhook secret configured: every delivery is refused (set DISPATCHER_WEBHOOK_SECRETS)")
+    owned: list[Any] = []
+    if sessions is None:
+        sessions = session_factory(shared_engine(settings.database_url))
+    if publish is None:
+        publisher = CeleryOutcomePublisher(settings.broker_url)
+        owned.append(publisher)
+        publish = publisher
+    store, send = sessions, publish
+
+    def record_and_publish(batch: Sequence[NewDelivery]) -> list[bytes]:
+        row_ids = record_deliveries(store, batch)
+        new: dict[str, int] = {}
+        for delivery, row_id in zip(batch, row_ids, strict=True):
+            if row_id is None:
+                log.info("duplicate webhook delivery %s acknowledged", delivery.delivery_id)
+            else:
+                new[delivery.delivery_id] = row_id
+        _publish(send, new)
+        return [DUPLICATE if row_id is None else ACCEPTED for row_id in row_ids]
+
+    writer: GroupWriter[NewDelivery, bytes] = GroupWriter(record_and_publish)
+
+    async def receive(request: Request) -> Response:
+        try:
+            body = await _read_body(request, limit)
+            now = clock()
+            verified = verify_delivery(request.headers, body, secrets=secrets, prefixes=prefixes,
+                                       window_s=window_s, now=now)
+            summary = _summary(body)
+        except WebhookRejected as refusal:
+            WEBHOOK_VERDICTS.labels(verdict=refusal.reason).inc()
+            delivery_id = next((request.headers[name] for name in delivery_headers if name in request.headers), "")
+            log.warning("webhook delivery %s refused: %s (%d)",
+                        delivery_id if DELIVERY_ID.fullmatch(delivery_id) else "-", refusal.reason, refusal.status_code)
+            return _refusal(refusal.reason, refusal.status_code)
+        try:
+            answer = await writer.submit(NewDelivery(verified.delivery_id, summary.event,
+                                                     summary.model_dump(mode="json"), datetime.fromtimestamp(now, UTC)))
+        except SQLAlchemyError as error:
+            WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
+            log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
+            return _refusal("store_unavailable", 503)
+        WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
+        return Response(answer, media_type="application/json")
+
+    async def healthz(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    states = NotificationStates(store)
+
+    async def metrics(request: Request) -> Response:
+        body = await run_in_threadpool(render, states)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    routes = [Route(settings.webhook_path, receive, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+    if settings.intake_token is not None:
+        # HTTP intake for hosts not written in Python, beside the receiver (docs/http-intake.md).
+        from dispatcher.intake.http import create_intake_routes
+        from dispatcher.service import Dispatcher
+
+        intake = Dispatcher(settings)
+        owned.append(intake.enqueuer)
+        routes += create_intake_routes(intake, token=settings.intake_token, max_body_bytes=settings.intake_max_body_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        for resource in owned:
+            close = getattr(resource, "close", None)
+            if close is not None:
+                close()
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def app_from_environment() -> Starlette:
+    """The zero-argument factory for ``uvicorn --factory``: settings from the environment."""
+    return create_receiver_app(load_settings())
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to pass ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):
+            raise WebhookRejected("malformed_header", status_code=400)
+        if int(declared) > limit:
+            raise WebhookRejected("body_too_large", status_code=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise WebhookRejected("body_too_large", status_code=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _summary(body: bytes) -> EventSummary:
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
+        raise WebhookRejected("malformed_body", status_code=400) from None
+    summary = summarize(payload) if isinstance(payload, dict) else None
+    if summary is None:
+        raise WebhookRejected("malformed_body", status_code=400)
+    return summary
+
+
+def _publish(publish: Publish, rows: dict[str, int]) -> None:
+    """Publish new row IDs, in one batch when the publisher has ``publish_many``. A broker
+    failure never fails the answer: those rows stay unprocessed and the tracking sweep sends them."""
+    publish_many = getattr(publish, "publish_many", None)
+    groups = [list(rows.items())] if publish_many else [[item] for item in rows.items()]
+    for group in groups:
+        if not group:
+            continue
+        try:
+            if publish_many:
+                publish_many([row_id for _, row_id in group])
+            else:
+                publish(group[0][1])
+        except Exception as error:
+            log.warning("could not publish webhook deliveries %s: %s; the sweep will",
+                        ", ".join(delivery_id for delivery_id, _ in group), type(error).__name__)
+
+
+def _refusal(reason: str, status_code: int) -> Response:
+    return Response(json.dumps({"error": reason}).encode(), status_code=status_code, media_type="application/json")
