@@ -12,11 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
+from dispatcher.errors import DispatcherError
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.readback import ReadBackPlan
@@ -28,6 +30,7 @@ from dispatcher.store.models import utcnow
 ACCOUNT_BUCKET = "account"
 SEARCH_BUCKET = "search"
 INBOX_CACHE_TTL_S = 300.0
+T = TypeVar("T")
 INBOX_REFRESH_MIN_GAP_S = 5.0  # a route whose inbox is missing must not turn into a listInboxes storm
 
 
@@ -129,3 +132,28 @@ def retry_plan_of(settings: Settings) -> RetryPlan:
         cap_s=settings.retry_cap_s,
         max_countdown_s=settings.retry_max_countdown_s,
     )
+
+
+# -- API calls under the shared limits: the send path and tracking both call the workspace --
+
+
+class Wait(DispatcherError):
+    """Not now: try the notification again after ``delay_s`` (a limiter or another worker's claim)."""
+
+    def __init__(self, delay_s: float, reason: str) -> None:
+        self.delay_s = delay_s
+        self.reason = reason
+        super().__init__(f"wait {delay_s:.1f}s: {reason}")
+
+
+def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
+    """Take the shared rate-limit slots for one API call, then make it."""
+    wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+    if wait_s > 0:
+        if wait_s > ctx.max_inline_wait_s:
+            raise Wait(wait_s, "rate limit")
+        ctx.sleep(wait_s)
+        wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+        if wait_s > 0:
+            raise Wait(wait_s, "rate limit")
+    return call()

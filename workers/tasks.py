@@ -11,11 +11,11 @@ from datetime import timedelta
 
 from celery import Task
 
+from dispatcher.context import Wait
 from dispatcher.metrics import SEND_RESULTS
 from dispatcher.operations.retention import purge
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
-from dispatcher.sending.resolve import Wait
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep

@@ -13,8 +13,7 @@ from datetime import datetime, timedelta
 from dispatcher.api import Message
 from dispatcher.api.paging import iter_messages
 from dispatcher.api.records import MessageType
-from dispatcher.context import SendContext
-from dispatcher.sending.resolve import call_api
+from dispatcher.context import SendContext, call_api
 from dispatcher.store import queries as store
 
 CLOCK_SKEW = timedelta(minutes=2)  # the service's clock against ours

@@ -9,43 +9,18 @@ stored wins) and one conversation (a claim row lets one worker create it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from dispatcher.api import Rejected, find_contact_exact
 from dispatcher.api.paging import iter_search_results
-from dispatcher.context import ACCOUNT_BUCKET, SEARCH_BUCKET, SendContext
+from dispatcher.context import SEARCH_BUCKET, SendContext, Wait, call_api
 from dispatcher.errors import DispatcherError
 from dispatcher.store import queries as store
-
-T = TypeVar("T")
-
-
-class Wait(DispatcherError):
-    """Not now: try the notification again after ``delay_s`` (a limiter or another worker's claim)."""
-
-    def __init__(self, delay_s: float, reason: str) -> None:
-        self.delay_s = delay_s
-        self.reason = reason
-        super().__init__(f"wait {delay_s:.1f}s: {reason}")
 
 
 class NotContactable(DispatcherError):
     """The workspace offers no binding between the contact and the route's inbox."""
-
-
-def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
-    """Take the shared rate-limit slots for one API call, then make it."""
-    wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
-    if wait_s > 0:
-        if wait_s > ctx.max_inline_wait_s:
-            raise Wait(wait_s, "rate limit")
-        ctx.sleep(wait_s)
-        wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
-        if wait_s > 0:
-            raise Wait(wait_s, "rate limit")
-    return call()
 
 
 def contact_keys(contact: dict[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher import metrics
 from dispatcher.api import ApiError, Message, NotFound
-from dispatcher.context import SendContext, readback_plan_of
+from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.errors import InvalidEvent
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import (
@@ -42,8 +42,6 @@ from dispatcher.policy.retry import Decision, DecisionKind, decide
 from dispatcher.sending.recover import find_sent_message
 from dispatcher.sending.resolve import (
     NotContactable,
-    Wait,
-    call_api,
     contact_keys,
     resolve_contact,
     resolve_conversation,

@@ -16,13 +16,12 @@ from datetime import datetime
 
 from dispatcher import metrics
 from dispatcher.api import ApiError
-from dispatcher.context import SendContext, readback_plan_of
+from dispatcher.context import SendContext, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import next_read_at
-from dispatcher.sending.resolve import call_api
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Notification
 from dispatcher.tracking.webhooks.events import EventSummary

@@ -19,9 +19,8 @@ from datetime import timedelta
 from pydantic import ValidationError
 
 from dispatcher import metrics
-from dispatcher.context import SendContext
+from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
-from dispatcher.sending.resolve import Wait
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
 from dispatcher.tracking.webhooks.events import EventSummary

@@ -20,6 +20,8 @@ FOUNDATIONS = ("lifecycle", "store", "policy", "api")
 NEVER: dict[str, tuple[str, ...]] = {
     **{folder: ("operations",) for folder in FLOW},
     **{folder: (*FLOW, "operations") for folder in FOUNDATIONS},
+    # what happened to a message is learned after it was sent: tracking asks nothing of the send path
+    "tracking": ("sending", "operations"),
 }
 
 
