@@ -103,6 +103,7 @@ class _Job:
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
     re_resolved: bool = False  # a 404 already made this attempt forget its contact once
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
+    send_at: datetime | None = None  # when a scheduled notification became due
     started: _Target | None = None  # the warm path: already marked in flight, send at once
     body: dict[str, Any] | None = None
 
@@ -141,6 +142,7 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
     try:
         result = _send(job, ctx)
     except Wait as wait:
+        _give_back_try(job, ctx)
         return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
     except NotContactable as error:
         return _fail(job, ctx, "not_contactable", str(error))
@@ -162,6 +164,20 @@ def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int |
                     pause.reason, max(pause.until - time.time(), 0.0))
         metrics.WORKSPACE_PAUSES.labels(reason=pause.reason).inc()
     return _wait_for_workspace(notification_id, attempt_id, pause, ctx)
+
+
+def _give_back_try(job: _Job, ctx: SendContext) -> None:
+    """A limiter wait made no call, so it does not count as one of the attempt's tries: under a
+    burst of 429s (every worker paused) the tries would otherwise run out without a single answer.
+    Past the send deadline the try stays counted, so the retry limit still ends a notification
+    that never gets a slot."""
+    now = ctx.clock()
+    stored = job.created_at or now
+    due = max(stored, job.send_at) if job.send_at is not None else stored
+    if now - due > timedelta(seconds=ctx.settings.send_deadline_s):
+        return
+    with ctx.sessions.begin() as session:
+        moves.wait_for_limit(session, attempt_id=job.attempt_id, now=now)
 
 
 def _breaker_closed(ctx: SendContext) -> None:
@@ -247,6 +263,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind not in (None, moves.RE_RESOLVING),
             re_resolved=attempt.error_kind == moves.RE_RESOLVING,
             created_at=notification.created_at,
+            send_at=notification.send_at,
         )
         if payload is None:
             pass  # failed below, outside this transaction

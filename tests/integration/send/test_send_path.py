@@ -168,6 +168,21 @@ def test_a_rate_limit_answer_pauses_the_limiter(context: SendContext, sandbox: S
     assert context.limiter.paused_for() > 0  # every worker sharing the limiter now waits
 
 
+def test_limiter_waits_do_not_use_up_the_tries(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given every worker paused by the limiter (another worker's 429), longer than a run sleeps through
+    notification_id = _accept(context, reminder("evt-paused", identifier="pat-paused", phone="+15550300061"))
+    context.limiter.pause(600)
+    # When the notification's task comes back more often than the retry limit allows tries
+    results = [send_notification(notification_id, context) for _ in range(context.plan.max_tries + 3)]
+    # Then every run waits, none fails, and no try was used: no call was made
+    assert {result.outcome for result in results} == {Outcome.RETRY}
+    assert all("rate limit" in result.reason for result in results)
+    with context.sessions() as session:
+        [attempt] = store.attempts_of(session, notification_id)
+        assert (attempt.state, attempt.tries) == (AttemptState.QUEUED, 0)
+    assert _calls(sandbox).get("createMessage", 0) == 0
+
+
 @pytest.mark.parametrize(("route", "inbox_id"), [("reminders", 1), ("sms", 2)])
 def test_a_conversation_the_workspace_no_longer_has_is_resolved_again_and_sent_once(
     context: SendContext, sandbox: SandboxProcess, route: str, inbox_id: int
