@@ -317,6 +317,10 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
         "fallback_decided_at": now,
         "updated_at": now,
     }
+    # A decision after a failure may start from any undecided state; one at the deadline only from
+    # accepted or sent, so a delivery report that lands between the sweep's query and this
+    # statement wins, and a delivered message gets no fallback.
+    move = "decide_fallback" if decision.failed else "decide_at_deadline"
     end: str | None = None  # a deadline decision without a route keeps the state
     if decision.fall_back:
         end = NotificationState.FALLING_BACK
@@ -329,8 +333,8 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
     number = session.execute(
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None),
-               NOTIFICATIONS.c.state.in_(_starts_for("decide_fallback", "notification", end) if end
-                                         else _kept("decide_fallback", "notification")))
+               NOTIFICATIONS.c.state.in_(_starts_for(move, "notification", end) if end
+                                         else _kept(move, "notification")))
         .values(**values)
         .returning(NOTIFICATIONS.c.current_attempt)
     ).scalar_one_or_none()
@@ -339,7 +343,7 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
         _insert_ignoring_conflict(session, {
             "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.FALLBACK,
             "route": decision.fallback_route, "channel": decision.fallback_channel,
-            "state": _ends_in("decide_fallback", "attempt", AttemptState.QUEUED), "tries": 0,
+            "state": _ends_in(move, "attempt", AttemptState.QUEUED), "tries": 0,
             "created_at": now, "updated_at": now,
         })
     return number is not None

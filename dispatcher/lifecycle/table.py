@@ -61,6 +61,7 @@ def kept(states: Iterable[str], guard: str = "") -> Side:
 
 ACCEPTED = (A.ACCEPTED, A.SENT, A.DELIVERED, A.READ)
 DECIDABLE = (N.QUEUED, N.SENDING, N.ACCEPTED, N.SENT, N.DELIVERED)  # the first attempt, not yet settled
+UNDELIVERED = (N.ACCEPTED, N.SENT)  # the first attempt's message exists, no delivery report yet
 AFTER_FALLBACK = (N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)  # the fallback's attempt, not yet settled
 
 MOVES: dict[str, Move] = {
@@ -97,9 +98,13 @@ MOVES: dict[str, Move] = {
         Move("fail_attempt", "the attempt ends without a message (refused, not contactable, tries used up)",
              attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED]),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records the reason; the decision moves the state")),
-        Move("decide_fallback", "the single fallback decision: fall back, end as failed, or (a deadline without a route) neither",
-             notification=Side(every(DECIDABLE, [N.FALLING_BACK, N.FAILED]).edges | kept(DECIDABLE).edges,
-                               "no decision made yet"),
+        Move("decide_fallback", "the single fallback decision after a failed attempt: fall back, or end as failed",
+             notification=every(DECIDABLE, [N.FALLING_BACK, N.FAILED], "no decision made yet"),
+             attempt=every([NEW], [A.QUEUED], "the fallback's attempt, when it falls back")),
+        Move("decide_at_deadline", "the single fallback decision for a message still not delivered at the route's "
+             "deadline (read back just before): fall back, or without a route keep waiting for its outcome",
+             notification=Side(every(UNDELIVERED, [N.FALLING_BACK]).edges | kept(UNDELIVERED).edges,
+                               "no decision made yet; never once it is delivered"),
              attempt=every([NEW], [A.QUEUED], "the fallback's attempt, when it falls back")),
         Move("resend_as_template", "131047 on free text: send the request's approved template once, on the same route, as a new attempt",
              notification=every([N.ACCEPTED, N.SENT], [N.SENDING], "the failed attempt is the current one; once"),

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template",
+__all__ = ["OUTCOME_UNKNOWN", "FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template",
            "send_failure_falls_back"]
 
 # code -> (reason, falls back by default). A rule set that moves a code to the other side gets
@@ -108,7 +108,11 @@ def resends_as_template(verdict: FallbackVerdict, *, attempt_purpose: str, has_t
 
 # A send that failed before any message existed falls back, except where another route would fail
 # the same way (the whole workspace refused us, or could not be reached) or a person must act first.
-_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal"})
+# ``outcome_unknown``: an earlier try may have sent the message, and no read could tell; another
+# route would risk a second message.
+OUTCOME_UNKNOWN = "outcome_unknown"
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal",
+                                             OUTCOME_UNKNOWN})
 
 
 def send_failure_falls_back(error_kind: str) -> bool:

@@ -34,8 +34,10 @@ from dispatcher.lifecycle.states import (
     AttemptState,
     attempt_state_from_status,
 )
+from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
+from dispatcher.policy.fallback import OUTCOME_UNKNOWN
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
@@ -171,13 +173,10 @@ def _give_back_try(job: _Job, ctx: SendContext) -> None:
     burst of 429s (every worker paused) the tries would otherwise run out without a single answer.
     Past the send deadline the try stays counted, so the retry limit still ends a notification
     that never gets a slot."""
-    now = ctx.clock()
-    stored = job.created_at or now
-    due = max(stored, job.send_at) if job.send_at is not None else stored
-    if now - due > timedelta(seconds=ctx.settings.send_deadline_s):
+    if _past_send_deadline(job, ctx):
         return
     with ctx.sessions.begin() as session:
-        moves.wait_for_limit(session, attempt_id=job.attempt_id, now=now)
+        moves.wait_for_limit(session, attempt_id=job.attempt_id, now=ctx.clock())
 
 
 def _breaker_closed(ctx: SendContext) -> None:
@@ -337,7 +336,10 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
         return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
     if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
-        adopted = _recover(job, ctx)
+        try:
+            adopted = _recover(job, ctx)
+        except ApiError as error:
+            return _look_again_later(error, job, ctx)
         if adopted is not None:
             return adopted
         if job.no_resend:
@@ -407,6 +409,34 @@ def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
         log.info("attempt %s: no message found after an unknown outcome; sending", job.attempt_id)
         return None
     return _record_acceptance(job, ctx, message, Outcome.ADOPTED)
+
+
+def _look_again_later(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:
+    """The read that looks for an earlier try's message failed, so that message may still exist.
+    Neither the try count nor the fallback may end the attempt now: either could bring the person a
+    second message. The look is tried again, backing off, until the send deadline; the attempt ends
+    ``outcome_unknown`` (never falling back) past it, or at once when the conversation is gone (404)."""
+    decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is DecisionKind.PAUSE_WORKSPACE:
+        # The attempt is left as it is (not queued again), so the first run after the pause looks first.
+        return _pause_workspace(decision, job.notification_id, None, ctx)
+    gone = isinstance(error, NotFound)
+    if gone or _past_send_deadline(job, ctx):
+        why = "its conversation is gone" if gone else "the workspace could not be read by the send deadline"
+        return _fail(job, ctx, OUTCOME_UNKNOWN, f"an earlier try may have sent it and {why}; not sent again")
+    if decision.pause_s > 0:
+        ctx.limiter.pause(decision.pause_s)
+    delay_s = decision.delay_s or backoff_s(job.tries - 1, base_s=ctx.plan.base_s, cap_s=ctx.plan.cap_s, rng=ctx.rng)
+    log.info("attempt %s: looking for an earlier try's message failed (%s); looking again", job.attempt_id,
+             decision.error_kind)
+    return SendResult(Outcome.RETRY, f"looking for an earlier try's message: {decision.reason}", delay_s=delay_s)
+
+
+def _past_send_deadline(job: _Job, ctx: SendContext) -> bool:
+    now = ctx.clock()
+    stored = job.created_at or now
+    due = max(stored, job.send_at) if job.send_at is not None else stored
+    return now - due > timedelta(seconds=ctx.settings.send_deadline_s)
 
 
 def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | None:

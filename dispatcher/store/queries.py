@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -443,24 +444,33 @@ def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> lis
     ))
 
 
-def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[int]:
+@dataclass(frozen=True)
+class LateAttempt:
+    """A current attempt past its route's delivery deadline, with no fallback decided yet."""
+
+    notification_id: int
+    attempt_id: int
+    accepted_at: datetime
+
+
+def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[LateAttempt]:
     """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
-    fallback decided (the first send, or its resend as a template)."""
-    return list(
-        session.scalars(
-            select(Attempt.notification_id)
-            .join(Notification, Notification.id == Attempt.notification_id)
-            .where(
-                Attempt.number == Notification.current_attempt,
-                Attempt.purpose != AttemptPurpose.FALLBACK,
-                Attempt.route == route,
-                Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
-                Attempt.accepted_at < accepted_before,
-                Notification.fallback_decision.is_(None),
-            )
-            .limit(limit)
+    fallback decided (the first send, or its resend as a template), oldest first."""
+    rows = session.execute(
+        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at)
+        .join(Notification, Notification.id == Attempt.notification_id)
+        .where(
+            Attempt.number == Notification.current_attempt,
+            Attempt.purpose != AttemptPurpose.FALLBACK,
+            Attempt.route == route,
+            Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
+            Attempt.accepted_at < accepted_before,
+            Notification.fallback_decision.is_(None),
         )
+        .order_by(Attempt.accepted_at)
+        .limit(limit)
     )
+    return [LateAttempt(notification_id, attempt_id, accepted_at) for notification_id, attempt_id, accepted_at in rows]
 
 
 def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, str, str | None, str | None]]:

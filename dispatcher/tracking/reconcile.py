@@ -3,8 +3,9 @@
 1. Webhook deliveries recorded but never processed (their task was lost) are published again.
 2. Attempts still unconfirmed (accepted or sent) ``reconcile_after_s`` after their last news are
    read back from the message list, so a dropped webhook never leaves an outcome unknown.
-3. First attempts not delivered by their route's ``delivery_deadline_s`` get the single fallback
-   decision (after reconciliation, so a lost "delivered" does not cause a needless fallback).
+3. First attempts not delivered by their route's ``delivery_deadline_s`` are read back once more,
+   then get the single fallback decision, which a delivered message refuses (so a lost
+   "delivered" does not cause a needless fallback).
 4. A failure recorded by a process that was killed before it made the decision gets it now.
 """
 
@@ -48,22 +49,41 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
         publish_outcome(delivery_row_id)
         report.republished += 1
     for attempt_id in tracking.attempts_to_reconcile(ctx, limit=BATCH):
-        result = tracking.reconcile_attempt(attempt_id, ctx, enqueuer)
+        try:
+            result = tracking.reconcile_attempt(attempt_id, ctx, enqueuer)
+        except Wait:
+            break  # the shared limiter is paused: the rest waits for the next sweep; deadlines go on
         report.reconciled[result] = report.reconciled.get(result, 0) + 1
     for name, route in ctx.settings.routes.items():
         with ctx.sessions() as session:
             late = store.attempts_past_deadline(
                 session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH
             )
-        for notification_id in late:
-            result = tracking.decide_fallback(
-                notification_id, fall_back=True, reason="not delivered by the deadline", failed=False, ctx=ctx, enqueuer=enqueuer
-            )
+        for attempt in late:
+            result = _decide_at_deadline(attempt, route.delivery_deadline_s, ctx, enqueuer)
             report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
     report.repaired = tracking.repair_undecided_failures(
         ctx, enqueuer, failed_before=ctx.clock() - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH
     )
     return report
+
+
+def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Read the message back once, then decide. A lost delivery report must not bring a fallback to
+    someone who has the message, and the scheduled read-backs may come later than the deadline.
+    A read that fails puts the decision off to a later sweep, for at most ``reconcile_max_interval_s``
+    past the deadline; then the deadline decides on what is known."""
+    try:
+        read = tracking.reconcile_attempt(attempt.attempt_id, ctx, enqueuer)
+    except Wait:
+        read = "unreadable"  # not now, by our own limiter
+    if read in ("applied_delivered", "applied_read"):
+        return "confirmed_by_read"  # its report was lost; it arrived all the same
+    overdue_s = (ctx.clock() - attempt.accepted_at).total_seconds() - deadline_s
+    if read == "unreadable" and overdue_s < ctx.settings.reconcile_max_interval_s:
+        return "put_off_unreadable"
+    return tracking.decide_fallback(attempt.notification_id, fall_back=True, reason="not delivered by the deadline",
+                                    failed=False, ctx=ctx, enqueuer=enqueuer)
 
 
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:

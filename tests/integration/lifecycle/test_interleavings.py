@@ -164,12 +164,15 @@ class Lifecycle(RuleBasedStateMachine):
     def the_deadline_sweep_decides(self, fall_back: bool) -> None:
         with self.sessions.begin() as session:
             notification, attempt = self._current(session)
-            if attempt is None or attempt.state not in (AttemptState.ACCEPTED, AttemptState.SENT):
-                return  # the deadline sweep looks at accepted attempts only
+            if attempt is None or attempt.purpose == AttemptPurpose.FALLBACK:
+                return  # the deadline sweep looks at first sends only
+            # No look at the attempt's state first: the sweep's query ran in an earlier transaction,
+            # and a report may have landed since. The move itself must refuse what was delivered.
             decision = moves.FallbackDecision(
                 fall_back=fall_back and notification.fallback_route is not None, reason="not delivered by the deadline",
                 failed=False, fallback_route="sms", fallback_channel="sms")
             if moves.decide_fallback(session, notification_id=self.notification_id, decision=decision, now=self.now):
+                assert attempt.state in (AttemptState.ACCEPTED, AttemptState.SENT), attempt.state
                 self.decisions.append("deadline")
 
     def _decide_or_end(self, session: Session, purpose: str, kind: str, detail: str) -> None:

@@ -241,6 +241,19 @@ def test_a_failed_decision_ends_the_notification_with_its_reason(sessions: sessi
     assert states(sessions, waiting) == (N.SENT, [A.SENT])
 
 
+def test_a_deadline_decision_is_refused_once_the_message_is_delivered(sessions: sessionmaker[Session]) -> None:
+    at_deadline = moves.FallbackDecision(fall_back=True, reason="not delivered by the deadline", failed=False,
+                                         fallback_route="sms", fallback_channel="sms")
+    delivered, _ = put(sessions, N.DELIVERED, A.DELIVERED)
+    still_sent, _ = put(sessions, N.SENT, A.SENT)
+    with sessions.begin() as session:
+        assert not moves.decide_fallback(session, notification_id=delivered, decision=at_deadline, now=NOW)
+        assert moves.decide_fallback(session, notification_id=still_sent, decision=at_deadline, now=NOW)
+    assert states(sessions, delivered) == (N.DELIVERED, [A.DELIVERED])
+    assert notification_of(sessions, delivered).fallback_decision is None
+    assert states(sessions, still_sent) == (N.FALLING_BACK, [A.SENT, A.QUEUED])
+
+
 def test_end_failed_only_after_a_fallback_and_with_why(sessions: sessionmaker[Session]) -> None:
     notification_id, _ = put(sessions, N.FALLING_BACK, A.FAILED, A.FAILED, fallback_decision="fallback")
     with sessions.begin() as session:

@@ -111,6 +111,54 @@ def test_a_dropped_response_after_commit_is_adopted_not_resent(context: SendCont
     assert _calls(sandbox)["createMessage"] == 1
 
 
+def _lose_the_answer_of_the_first_send(ctx: SendContext, sandbox: SandboxProcess, event_id: str, phone: str) -> int:
+    """A notification whose createMessage committed and whose answer never came back."""
+    notification_id = _accept(ctx, reminder(event_id, identifier=f"pat-{event_id}", phone=phone))
+    sandbox.set_faults({"createMessage": {"drop_response_share": 1.0}})
+    assert send_notification(notification_id, ctx).outcome is Outcome.RETRY
+    with ctx.sessions() as session:
+        assert store.attempts_of(session, notification_id)[0].state == AttemptState.UNKNOWN
+    return notification_id
+
+
+def test_a_look_that_keeps_failing_never_ends_the_attempt_by_its_tries(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a message that exists although its answer was lost
+    notification_id = _lose_the_answer_of_the_first_send(context, sandbox, "evt-look", "+15550300050")
+    # When every read of its conversation fails, for more runs than the retry limit allows tries
+    sandbox.set_faults({"listMessages": {"server_error_share": 1.0}})
+    for _ in range(context.plan.max_tries + 2):
+        result = send_notification(notification_id, context)
+        assert result.outcome is Outcome.RETRY, result.reason
+        assert "looking for an earlier try's message" in result.reason
+    with context.sessions() as session:
+        attempt = store.attempts_of(session, notification_id)[0]
+        assert attempt.state == AttemptState.UNKNOWN
+        assert attempt.tries > context.plan.max_tries
+    # Then the attempt neither failed nor fell back (a fallback would be a second message), and
+    # once the conversation can be read the message is adopted
+    assert intake.status(context.sessions, "evt-look").fallback_decision is None
+    sandbox.set_faults({})
+    assert send_notification(notification_id, context).outcome is Outcome.ADOPTED
+    assert intake.status(context.sessions, "evt-look").fallback_decision is None
+    assert _calls(sandbox)["createMessage"] == 1
+
+
+def test_a_look_that_fails_past_the_send_deadline_ends_as_outcome_unknown_without_a_fallback(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    notification_id = _lose_the_answer_of_the_first_send(context, sandbox, "evt-look-late", "+15550300051")
+    sandbox.set_faults({"listMessages": {"server_error_share": 1.0}})
+    real_clock = context.clock
+    context.clock = lambda: real_clock() + timedelta(seconds=context.settings.send_deadline_s + 60)
+    result = send_notification(notification_id, context)
+    sandbox.set_faults({})
+    assert result.outcome is Outcome.FAILED
+    record = intake.status(context.sessions, "evt-look-late")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "outcome_unknown", "none")
+    assert record.error_detail is not None and "not sent again" in record.error_detail
+    assert _calls(sandbox)["createMessage"] == 1
+
+
 def test_a_worker_killed_mid_call_leaves_an_expired_lease_that_is_recovered(
     context: SendContext, sandbox: SandboxProcess
 ) -> None:

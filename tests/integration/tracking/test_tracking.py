@@ -253,6 +253,50 @@ def test_an_unconfirmed_attempt_gets_the_deadline_decision(
         assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).deadline_decisions == {}
 
 
+def test_the_deadline_reads_the_message_back_before_it_decides(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):  # read-backs at their default timing
+        assert ctx.settings.reconcile_after_s > 0.2  # no scheduled read comes before this deadline
+        _send(ctx, reminder("trk-deadline-read", identifier="trk-p21", phone="+15550400021"))
+        message_id = intake.status(ctx.sessions, "trk-deadline-read").message_id
+        assert message_id is not None
+        _sandbox_status(sandbox, message_id, {"read"})  # it arrived; every report of it was lost
+        time.sleep(0.3)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.reconciled == {}
+        assert report.deadline_decisions == {"confirmed_by_read": 1}
+        record = intake.status(ctx.sessions, "trk-deadline-read")
+        assert (record.state, record.fallback_decision) == ("read", None)
+        assert enqueuer.sent == []
+
+
+def test_a_deadline_whose_read_back_fails_is_put_off_for_a_bounded_time(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
+        notification_id = _send(ctx, reminder("trk-deadline-unread", identifier="trk-p22", phone="+15550207022"))
+        time.sleep(0.3)
+        sandbox.set_faults({"listMessages": {"server_error_share": 1.0}})
+        try:
+            report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+            assert report.deadline_decisions == {"put_off_unreadable": 1}
+            assert intake.status(ctx.sessions, "trk-deadline-unread").fallback_decision is None
+            # reconcile_max_interval_s past the deadline, it decides on what it knows
+            real_clock = ctx.clock
+            ctx.clock = lambda: real_clock() + timedelta(seconds=ctx.settings.reconcile_max_interval_s + 1)
+            report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        finally:
+            sandbox.set_faults({})
+        assert report.deadline_decisions == {"fallback": 1}
+        assert intake.status(ctx.sessions, "trk-deadline-unread").fallback_reason == "not delivered by the deadline"
+        assert enqueuer.sent == [notification_id]
+
+
 def test_an_incoming_message_opens_the_window_for_free_text(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
