@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, InvalidEvent, UnknownNotification
-from dispatcher.intake.request import NotificationRequest
+from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.settings import ChannelKind, Route, Settings
@@ -88,14 +87,9 @@ def _check_volume(session: Session, request: NotificationRequest, settings: Sett
         )
 
 
-def payload_of(request: NotificationRequest) -> dict[str, Any]:
+def payload_of(request: NotificationRequest) -> dict[str, object]:
     """What a send still needs; stored apart from the notification and deleted when done."""
-    return {
-        "content": request.content,
-        "contact": request.contact.model_dump(exclude_none=True),
-        "template": None if request.template is None else request.template.model_dump(),
-        "metadata": request.metadata,
-    }
+    return SendPayload.of(request).stored()
 
 
 def stage(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime) -> tuple[Notification, bool]:

@@ -95,6 +95,32 @@ class NotificationRequest(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class SendPayload(BaseModel):
+    """What a send still needs of a request: stored beside the notification, as JSON, until no
+    attempt can need it any more (then deleted), and read back by the send path as this record."""
+
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
+
+    content: str = Field(repr=False)
+    contact: ContactDetails
+    template: TemplateChoice | None = None
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, request: NotificationRequest) -> SendPayload:
+        return cls(content=request.content, contact=request.contact, template=request.template,
+                   metadata=request.metadata)
+
+    def stored(self) -> dict[str, object]:
+        """The JSON column's value (contact fields that are absent are left out)."""
+        return {
+            "content": self.content,
+            "contact": self.contact.model_dump(exclude_none=True),
+            "template": None if self.template is None else self.template.model_dump(),
+            "metadata": self.metadata,
+        }
+
+
 def parse_request(data: object) -> NotificationRequest:
     """Validate raw input (a dict, or JSON text/bytes) into a request, or raise InvalidEvent naming the field."""
     try:

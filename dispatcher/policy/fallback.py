@@ -111,8 +111,8 @@ def resends_as_template(verdict: FallbackVerdict, *, attempt_purpose: str, has_t
 # ``outcome_unknown``: an earlier try may have sent the message, and no read could tell; another
 # route would risk a second message.
 OUTCOME_UNKNOWN = "outcome_unknown"
-_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing", "internal",
-                                             OUTCOME_UNKNOWN})
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing",
+                                             "payload_unreadable", "internal", OUTCOME_UNKNOWN})
 
 
 def send_failure_falls_back(error_kind: str) -> bool:

@@ -10,12 +10,12 @@ stored wins) and one conversation (a claim row lets one worker create it).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from dispatcher.api import Rejected, find_contact_exact
 from dispatcher.api.paging import iter_search_results
 from dispatcher.context import SEARCH_BUCKET, SendContext, Wait, call_api
 from dispatcher.errors import DispatcherError
+from dispatcher.intake.request import ContactDetails
 from dispatcher.store import queries as store
 
 
@@ -23,17 +23,17 @@ class NotContactable(DispatcherError):
     """The workspace offers no binding between the contact and the route's inbox."""
 
 
-def contact_keys(contact: dict[str, Any]) -> list[str]:
+def contact_keys(contact: ContactDetails) -> list[str]:
     """Identity keys, identifier first: the host's stable ID beats a phone number."""
     keys = []
-    if contact.get("identifier"):
-        keys.append(store.identity_key(identifier=contact["identifier"]))
-    if contact.get("phone_number"):
-        keys.append(store.identity_key(phone_number=contact["phone_number"]))
+    if contact.identifier:
+        keys.append(store.identity_key(identifier=contact.identifier))
+    if contact.phone_number:
+        keys.append(store.identity_key(phone_number=contact.phone_number))
     return keys
 
 
-def resolve_contact(ctx: SendContext, contact: dict[str, Any], *, inbox_id: int) -> tuple[int, str | None]:
+def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int) -> tuple[int, str | None]:
     """The contact's id, and the source_id for ``inbox_id`` when createContact just returned it."""
     account_id = ctx.settings.account_id
     keys = contact_keys(contact)
@@ -50,10 +50,10 @@ def resolve_contact(ctx: SendContext, contact: dict[str, Any], *, inbox_id: int)
                 ctx,
                 lambda: ctx.api.create_contact(
                     inbox_id=inbox_id,
-                    name=contact.get("name"),
-                    phone_number=contact.get("phone_number"),
-                    email=contact.get("email"),
-                    identifier=contact.get("identifier"),
+                    name=contact.name,
+                    phone_number=contact.phone_number,
+                    email=contact.email,
+                    identifier=contact.identifier,
                 ),
             )
             contact_id, source_id = created.contact.id, created.source_id
@@ -62,7 +62,7 @@ def resolve_contact(ctx: SendContext, contact: dict[str, Any], *, inbox_id: int)
             exact = call_api(
                 ctx,
                 lambda: find_contact_exact(
-                    ctx.api, identifier=contact.get("identifier"), phone_number=contact.get("phone_number")
+                    ctx.api, identifier=contact.identifier, phone_number=contact.phone_number
                 ),
                 SEARCH_BUCKET,
             )
@@ -76,9 +76,11 @@ def resolve_contact(ctx: SendContext, contact: dict[str, Any], *, inbox_id: int)
     return contact_id, source_id
 
 
-def _search_once(ctx: SendContext, contact: dict[str, Any]) -> int | None:
+def _search_once(ctx: SendContext, contact: ContactDetails) -> int | None:
     """One exact-match search: by identifier when there is one, else by phone (at most 1 page)."""
-    field, value = ("identifier", contact["identifier"]) if contact.get("identifier") else ("phone_number", contact["phone_number"])
+    field, value = ("identifier", contact.identifier) if contact.identifier else ("phone_number", contact.phone_number)
+    if value is None:  # the request's own check needs an identifier or a phone: never reached
+        return None
 
     def search() -> int | None:
         for candidate in iter_search_results(ctx.api, value, max_pages=1):

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from dispatcher import metrics
 from dispatcher.api import ApiError, Message, NotFound
 from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.errors import InvalidEvent
+from dispatcher.intake.request import ContactDetails, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import (
     SENDABLE_ATTEMPT_STATES,
@@ -96,7 +98,7 @@ class _Job:
     route_name: str
     route: Route
     tries: int
-    payload: dict[str, Any]
+    payload: SendPayload | None  # None: gone, or unreadable (the run fails the attempt)
     drops_payload_on_acceptance: bool
     lease_active_s: float
     conversation_id: int | None
@@ -107,7 +109,20 @@ class _Job:
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
     send_at: datetime | None = None  # when a scheduled notification became due
     started: _Target | None = None  # the warm path: already marked in flight, send at once
-    body: dict[str, Any] | None = None
+    body: MessageBody | None = None
+
+    @property
+    def contact(self) -> ContactDetails:
+        assert self.payload is not None  # _load fails a job without one before any step runs
+        return self.payload.contact
+
+
+@dataclass(frozen=True)
+class MessageBody:
+    """createMessage's body: the content, and the template's parameters when it goes as a template."""
+
+    content: str = field(repr=False)
+    template_params: dict[str, Any] | None = field(default=None, repr=False)
 
 
 def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
@@ -243,7 +258,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         )
         if attempt.state not in SENDABLE_ATTEMPT_STATES:
             return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
-        payload = notification.body
+        payload, unreadable = _payload_of(notification.body)
         job = _Job(
             notification_id=notification.id,
             attempt_id=attempt.id,
@@ -253,8 +268,8 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             route_name=route_name,
             route=route,
             tries=attempt.tries,
-            payload=payload or {},
-            drops_payload_on_acceptance=_last_possible_attempt(purpose, notification.fallback_route, notification.body),
+            payload=payload,
+            drops_payload_on_acceptance=_last_possible_attempt(purpose, notification.fallback_route, payload),
             lease_active_s=(attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0,
             conversation_id=attempt.conversation_id,
             content_hash=attempt.content_hash,
@@ -270,9 +285,22 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             job = _start_if_known(session, job, ctx, now=now)
         if job.started is None:
             store.touch_for_run(session, job.notification_id, now=now)
+    if unreadable:
+        return _fail(job, ctx, "payload_unreadable", "the notification's stored payload cannot be read")
     if payload is None:
         return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
     return job
+
+
+def _payload_of(stored: dict[str, Any] | None) -> tuple[SendPayload | None, bool]:
+    """The stored payload as its record; and whether one was stored but cannot be read (written
+    by another version, or damaged): retrying cannot make it readable."""
+    if stored is None:
+        return None, False
+    try:
+        return SendPayload.model_validate(stored), False
+    except ValidationError:
+        return None, True
 
 
 def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datetime) -> _Job:
@@ -282,7 +310,7 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
     if inbox is None:
         return job
     contact_id, source_id, conversation_id, window = store.cached_target(
-        session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]), inbox_id=inbox.id, now=now
+        session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact), inbox_id=inbox.id, now=now
     )
     if contact_id is None or source_id is None or conversation_id is None:
         return job
@@ -297,7 +325,7 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
 
 
 def _mark_in_flight(
-    session: Session, job: _Job, ctx: SendContext, target: _Target, body: dict[str, Any], *, now: datetime
+    session: Session, job: _Job, ctx: SendContext, target: _Target, body: MessageBody, *, now: datetime
 ) -> bool:
     return moves.claim(
         session,
@@ -306,7 +334,7 @@ def _mark_in_flight(
         fallback=job.purpose is AttemptPurpose.FALLBACK,
         target=moves.Target(inbox_id=target.inbox_id, contact_id=target.contact_id,
                             conversation_id=target.conversation_id, channel=job.route.channel.value,
-                            content_hash=store.content_hash(body["content"])),
+                            content_hash=store.content_hash(body.content)),
         now=now,
         lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
     )
@@ -321,12 +349,12 @@ def _current_attempt(row: Any) -> tuple[int, str, AttemptPurpose]:
     return row.current_attempt, row.attempt_route, AttemptPurpose(row.attempt_purpose)
 
 
-def _last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, body: dict[str, Any] | None) -> bool:
+def _last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, payload: SendPayload | None) -> bool:
     """No other attempt can follow this one's acceptance, so its content may go with it: the
     fallback, or one with no fallback route that no template resend can follow."""
     if purpose is AttemptPurpose.FALLBACK:
         return True
-    may_resend = purpose is AttemptPurpose.FIRST and bool(body and body.get("template"))
+    may_resend = purpose is AttemptPurpose.FIRST and payload is not None and payload.template is not None
     return fallback_route is None and not may_resend
 
 
@@ -350,7 +378,7 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     inbox = ctx.inboxes.resolve(job.route)
     if inbox is None:
         return _fail(job, ctx, "inbox_not_found", f"route {job.route_name!r} names no inbox of the workspace")
-    contact_id, returned_source_id = resolve_contact(ctx, job.payload["contact"], inbox_id=inbox.id)
+    contact_id, returned_source_id = resolve_contact(ctx, job.contact, inbox_id=inbox.id)
     source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
     conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
     with ctx.sessions() as session:
@@ -367,10 +395,11 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     return _create_message(job, ctx, conversation_id, body)
 
 
-def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dict[str, Any]) -> SendResult:
+def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: MessageBody) -> SendResult:
     buckets = (route_bucket(job.route_name),) if job.route.max_per_minute is not None else ()
     try:
-        message = call_api(ctx, lambda: ctx.api.create_message(conversation_id, **body), *buckets)
+        message = call_api(ctx, lambda: ctx.api.create_message(conversation_id, content=body.content,
+                                                               template_params=body.template_params), *buckets)
     except Wait:
         _release(job, ctx)
         raise
@@ -379,23 +408,23 @@ def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: dic
     return _record_acceptance(job, ctx, message, Outcome.ACCEPTED)
 
 
-def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> dict[str, Any]:
+def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> MessageBody:
     """Template or free text, as the channel and the customer-service window allow."""
-    template = job.payload.get("template")
+    assert job.payload is not None  # _load fails a job without one before any step runs
+    template = job.payload.template
     kind = choose_message_kind(
         channel=job.route.channel,
         template_required=job.route.template_required or job.purpose is AttemptPurpose.TEMPLATE,
         window_open=window_open,
         has_template=template is not None,
     )
-    body: dict[str, Any] = {"content": job.payload["content"]}
-    if kind is MessageKind.TEMPLATE:
-        assert template is not None  # choose_message_kind refuses a template kind without one
-        registered = ctx.settings.template(template["name"], template["language"])
-        if registered is None:
-            raise InvalidEvent("template.name", "is no longer in the template registry")
-        body["template_params"] = template_params(registered, template["params"])
-    return body
+    if kind is not MessageKind.TEMPLATE:
+        return MessageBody(job.payload.content)
+    assert template is not None  # choose_message_kind refuses a template kind without one
+    registered = ctx.settings.template(template.name, template.language)
+    if registered is None:
+        raise InvalidEvent("template.name", "is no longer in the template registry")
+    return MessageBody(job.payload.content, template_params(registered, template.params))
 
 
 def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
@@ -447,7 +476,7 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
     if not isinstance(error, NotFound) or job.re_resolved:
         return None
     with ctx.sessions.begin() as session:
-        store.forget_contact(session, account_id=ctx.settings.account_id, keys=contact_keys(job.payload["contact"]))
+        store.forget_contact(session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact))
         if not moves.re_resolve(session, attempt_id=job.attempt_id, now=ctx.clock()):
             return None
     log.info("attempt %s: the workspace no longer has its contact or conversation (%s); resolving again",

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
 
 from dispatcher import metrics
 from dispatcher.api import ApiError
 from dispatcher.context import SendContext, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
+from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
@@ -176,7 +180,7 @@ def decide_after_external_failure(
         if notification is None:
             return "ignored"
         number, route_name = notification.current_attempt, notification.route
-    has_template = bool(body and body.get("template"))
+    has_template = body is not None and _carries_template(body)
     verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
     route = ctx.settings.routes.get(route_name)
     if resends_as_template(verdict, attempt_purpose=purpose, has_template=has_template) and route is not None:
@@ -211,6 +215,13 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
         else:
             decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
     return len(undecided)
+
+
+def _carries_template(stored: dict[str, Any]) -> bool:
+    try:
+        return SendPayload.model_validate(stored).template is not None
+    except ValidationError:
+        return False  # unreadable: no template can be sent from it
 
 
 def decide_after_send_failure(

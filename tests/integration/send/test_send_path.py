@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
@@ -21,7 +22,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
-from dispatcher.store.models import Attempt
+from dispatcher.store.models import Attempt, Payload
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
@@ -157,6 +158,20 @@ def test_a_look_that_fails_past_the_send_deadline_ends_as_outcome_unknown_withou
     assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "outcome_unknown", "none")
     assert record.error_detail is not None and "not sent again" in record.error_detail
     assert _calls(sandbox)["createMessage"] == 1
+
+
+def test_a_stored_payload_that_cannot_be_read_fails_the_attempt_once_without_a_fallback(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    notification_id = _accept(context, reminder("evt-damaged", identifier="pat-damaged", phone="+15550300052"))
+    with context.sessions.begin() as session:  # written by another version, or damaged
+        session.execute(sa.update(Payload).where(Payload.notification_id == notification_id)
+                        .values(body={"contact": {"identifier": "pat-damaged"}}))
+    result = send_notification(notification_id, context)
+    assert result.outcome is Outcome.FAILED
+    record = intake.status(context.sessions, "evt-damaged")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "payload_unreadable", "none")
+    assert _calls(sandbox).get("createMessage", 0) == 0
 
 
 def test_a_worker_killed_mid_call_leaves_an_expired_lease_that_is_recovered(
