@@ -124,19 +124,23 @@ def release_due(session: Session, notification_ids: list[int], *, now: datetime)
 
 
 def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: bool, target: Target, now: datetime,
-          lease_until: datetime) -> bool:
-    """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease."""
+          lease_until: datetime, seen_claims: int) -> bool:
+    """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease,
+    and only if no other worker claimed it since this one read it (``seen_claims``, the attempt's
+    ``claims`` as read). Without that, a worker that looked for an earlier try's message and found
+    none could claim after another worker's call, unseen by its look, had sent one."""
     start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
     taken = session.execute(
         update(ATTEMPTS)
         .where(
             ATTEMPTS.c.id == attempt_id,
+            ATTEMPTS.c.claims == seen_claims,
             or_(
                 ATTEMPTS.c.state.in_([state for state in start if state != AttemptState.IN_FLIGHT]),
                 (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
             ),
         )
-        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until,
+        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, claims=ATTEMPTS.c.claims + 1,
                 in_flight_since=now, updated_at=now, inbox_id=target.inbox_id, contact_id=target.contact_id,
                 conversation_id=target.conversation_id, content_hash=target.content_hash)
     )

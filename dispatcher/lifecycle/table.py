@@ -74,7 +74,8 @@ MOVES: dict[str, Move] = {
         Move("open_attempt", "the current attempt's first run makes its row (each run counts a try)",
              attempt=every([NEW], [A.QUEUED])),
         Move("claim", "a worker takes the attempt for one createMessage call, under a lease",
-             attempt=every([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], [A.IN_FLIGHT], "in flight only when its lease ran out"),
+             attempt=every([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], [A.IN_FLIGHT], "in flight only when its lease ran out; "
+                           "and nobody claimed it since this worker read it"),
              notification=edges((N.QUEUED, [N.SENDING]), (N.SENDING, [N.SENDING]), (N.FALLING_BACK, [N.FALLING_BACK]))),
         Move("release", "createMessage was not made (a limiter wait), or refused and may be tried again",
              attempt=every([A.IN_FLIGHT], [A.QUEUED])),

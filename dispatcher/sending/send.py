@@ -104,6 +104,7 @@ class _Job:
     conversation_id: int | None
     content_hash: str | None
     in_flight_since: Any
+    claims: int  # the attempt's claims as this run read them: its own claim must find the same count
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
     re_resolved: bool = False  # a 404 already made this attempt forget its contact once
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
@@ -274,6 +275,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             conversation_id=attempt.conversation_id,
             content_hash=attempt.content_hash,
             in_flight_since=attempt.in_flight_since,
+            claims=attempt.claims,
             no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind not in (None, moves.RE_RESOLVING),
             re_resolved=attempt.error_kind == moves.RE_RESOLVING,
             created_at=notification.created_at,
@@ -337,6 +339,7 @@ def _mark_in_flight(
                             content_hash=store.content_hash(body.content)),
         now=now,
         lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
+        seen_claims=job.claims,
     )
 
 
@@ -391,7 +394,7 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     with ctx.sessions.begin() as session:
         taken = _mark_in_flight(session, job, ctx, target, body, now=now)
     if not taken:
-        return SendResult(Outcome.SKIPPED, "another worker holds the attempt")
+        return SendResult(Outcome.SKIPPED, "another worker claimed the attempt since this run read it")
     return _create_message(job, ctx, conversation_id, body)
 
 

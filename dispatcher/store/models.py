@@ -119,6 +119,8 @@ class Attempt(Base):
     message_id: Mapped[int | None] = mapped_column(BigInteger, unique=True)
     content_hash: Mapped[str | None] = mapped_column(String(64))  # to recognise our message; cleared on acceptance
     tries: Mapped[int] = mapped_column(Integer, default=0)  # counted when a send starts, so crash loops end
+    # Claims for a createMessage call so far: a claim is a compare-and-set on the count its worker read.
+    claims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     in_flight_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

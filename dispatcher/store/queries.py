@@ -65,7 +65,7 @@ _LOAD_FOR_SEND = (
 )
 _ATTEMPT_COLUMNS = (
     ATTEMPTS.c.id, ATTEMPTS.c.state, ATTEMPTS.c.tries, ATTEMPTS.c.lease_until, ATTEMPTS.c.conversation_id,
-    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind,
+    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind, ATTEMPTS.c.claims,
 )
 
 

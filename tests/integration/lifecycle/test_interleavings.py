@@ -10,7 +10,10 @@ lifecycle promises:
 * at most one fallback decision per notification, and at most two attempts;
 * states only move forward: an attempt that was accepted never goes back to sending, a delivery
   state never drops, and nothing leaves ``failed`` or ``read``;
-* every notification that ended ``failed`` has an ``error_kind`` and an ``error_detail``.
+* every notification that ended ``failed`` has an ``error_kind`` and an ``error_detail``;
+* a worker claims an attempt only if no other claim was won since it read the attempt (and looked
+  for its message), so a message that another claim's call may have sent is never sent again;
+* a deadline decision is never made for a message that is delivered.
 
 A failing run prints its steps, and ``@reproduce_failure`` replays it exactly.
 """
@@ -41,6 +44,7 @@ LEASE = timedelta(seconds=30)
 EVENTS = itertools.count(1)
 MESSAGES = itertools.count(1000)
 REPORTS = st.sampled_from([AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ, AttemptState.FAILED])
+WORKERS = st.sampled_from([0, 1])
 SEND_FAILURES = st.sampled_from(["tries_exhausted", "not_contactable", "not_found", "auth"])
 
 
@@ -55,6 +59,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.decisions: list[str] = []
         self.resends = 0
         self.history: list[tuple[str, list[str]]] = []
+        self.read_by: dict[int, tuple[int, int, int]] = {}  # worker -> (attempt, its claims, claims won) as read
+        self.claims_won: dict[int, int] = {}  # attempt -> its won claims, counted by the model itself
 
     # -- set-up ---------------------------------------------------------------------------------
     @initialize(scheduled=st.booleans(), fallback_route=st.booleans())
@@ -99,15 +105,31 @@ class Lifecycle(RuleBasedStateMachine):
                                    route="r", channel="c",
                                    now=self.now, columns=(Attempt.__table__.c.id,))
 
-    @rule()
-    def a_worker_claims(self) -> None:
-        with self.sessions.begin() as session:
-            notification, attempt = self._current(session)
+    @rule(worker=WORKERS)
+    def a_worker_reads_the_attempt_and_looks_for_its_message(self, worker: int) -> None:
+        with self.sessions() as session:
+            _, attempt = self._current(session)
             if attempt is not None:
-                target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
-                moves.claim(session, notification_id=self.notification_id, attempt_id=attempt.id,
-                            fallback=attempt.purpose == AttemptPurpose.FALLBACK, target=target, now=self.now,
-                            lease_until=self.now + LEASE)
+                # what the worker read, and how many claims it has seen (its look covers their messages)
+                self.read_by[worker] = (attempt.id, attempt.claims, self.claims_won.get(attempt.id, 0))
+
+    @rule(worker=WORKERS)
+    def a_worker_claims(self, worker: int) -> None:
+        if worker not in self.read_by:
+            return
+        attempt_id, seen_claims, claims_seen = self.read_by.pop(worker)
+        with self.sessions.begin() as session:
+            _, attempt = self._current(session)
+            if attempt is None or attempt.id != attempt_id:
+                return
+            target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
+            if moves.claim(session, notification_id=self.notification_id, attempt_id=attempt.id,
+                           fallback=attempt.purpose == AttemptPurpose.FALLBACK, target=target, now=self.now,
+                           lease_until=self.now + LEASE, seen_claims=seen_claims):
+                # no claim was won between this worker's read (and look) and its own claim: any
+                # message another claim's call may have sent was there to be found
+                assert self.claims_won.get(attempt_id, 0) == claims_seen, (self.claims_won, claims_seen)
+                self.claims_won[attempt_id] = claims_seen + 1
 
     @rule(ambiguous=st.booleans())
     def a_worker_s_call_ends_without_a_message(self, ambiguous: bool) -> None:
@@ -234,3 +256,57 @@ def test_every_interleaving_keeps_the_promises(postgres_sessions: sessionmaker[S
     machine = settings(max_examples=60, stateful_step_count=30, deadline=None,
                        suppress_health_check=[HealthCheck.too_slow])(Lifecycle)
     machine.TestCase().runTest()
+
+
+def _orders(first: list[str], second: list[str]) -> Iterator[list[tuple[int, str]]]:
+    """Every interleaving of two workers' steps, each worker's own steps kept in order."""
+    for positions in itertools.combinations(range(len(first) + len(second)), len(first)):
+        steps, left, right = [], iter(first), iter(second)
+        for index in range(len(first) + len(second)):
+            steps.append((0, next(left)) if index in positions else (1, next(right)))
+        yield steps
+
+
+@pytest.mark.parametrize("start", [AttemptState.QUEUED, AttemptState.UNKNOWN])
+def test_every_order_of_two_workers_that_read_claim_and_lose_the_answer(
+    postgres_sessions: sessionmaker[Session], start: AttemptState
+) -> None:
+    """Checked, not sampled: all 20 orders of two workers each reading the attempt (and looking
+    for an earlier message), claiming it, and losing createMessage's answer. A claim may only be
+    won by a worker that read the attempt after the last won claim: otherwise its look could not
+    have seen the message the other claim's call may have sent."""
+    program = ["read", "claim", "answer_lost"]
+    orders = list(_orders(program, program))
+    assert len(orders) == 20
+    target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
+    for order in orders:
+        with postgres_sessions.begin() as session:
+            notification = moves.new_notification(
+                send_at=None, event_id=f"two-workers-{next(EVENTS)}", fingerprint="f" * 64, route="reminders",
+                fallback_route="sms", created_at=START, updated_at=START)
+            session.add(notification)
+            session.flush()
+            attempt = Attempt(notification_id=notification.id, number=1, route="r", channel="c", state=start, tries=1,
+                              in_flight_since=START if start is AttemptState.UNKNOWN else None,
+                              claims=1 if start is AttemptState.UNKNOWN else 0)
+            session.add(attempt)
+            session.flush()
+            notification_id, attempt_id = notification.id, attempt.id
+        claims_won, read_at, won = 0, {}, {0: False, 1: False}
+        for worker, step in order:
+            with postgres_sessions.begin() as session:
+                if step == "read":
+                    row = session.get(Attempt, attempt_id, populate_existing=True)
+                    assert row is not None
+                    read_at[worker] = (row.claims, claims_won)
+                elif step == "claim":
+                    seen_claims, seen_won = read_at[worker]
+                    won[worker] = moves.claim(session, notification_id=notification_id, attempt_id=attempt_id,
+                                              fallback=False, target=target, now=START, lease_until=START + LEASE,
+                                              seen_claims=seen_claims)
+                    if won[worker]:
+                        assert claims_won == seen_won, f"a stale claim won in the order {order}"
+                        claims_won += 1
+                elif won[worker]:
+                    assert moves.mark_unknown(session, attempt_id=attempt_id, now=START)
+        assert claims_won >= 1, f"nobody could claim in the order {order}"

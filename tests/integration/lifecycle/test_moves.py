@@ -106,27 +106,44 @@ def test_claim_takes_a_queued_attempt_once(sessions: sessionmaker[Session]) -> N
     lease = NOW + timedelta(seconds=60)
     with sessions.begin() as session:
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
-                           target=TARGET, now=NOW, lease_until=lease)
+                           target=TARGET, now=NOW, lease_until=lease, seen_claims=0)
     with sessions.begin() as session:  # a twin, while the lease lives
         assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
-                               target=TARGET, now=NOW + timedelta(seconds=1), lease_until=lease)
+                               target=TARGET, now=NOW + timedelta(seconds=1), lease_until=lease, seen_claims=1)
     assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])
     assert notification_of(sessions, notification_id).conversation_id == TARGET.conversation_id
     with sessions.begin() as session:  # the lease ran out: a worker may take it again
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
-                           target=TARGET, now=lease + timedelta(seconds=1), lease_until=lease + timedelta(seconds=60))
+                           target=TARGET, now=lease + timedelta(seconds=1), lease_until=lease + timedelta(seconds=60),
+                           seen_claims=1)
+
+
+def test_a_worker_that_read_the_attempt_before_another_claim_cannot_claim_it(sessions: sessionmaker[Session]) -> None:
+    # Two workers read the attempt (queued, no claim yet) and looked for an earlier message: none.
+    notification_id, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)
+    with sessions.begin() as session:  # the first claims; its call's answer is lost (the message may exist)
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                           target=TARGET, now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
+        assert moves.mark_unknown(session, attempt_id=attempt_id, now=NOW)
+    with sessions.begin() as session:  # the second, on what it read before: refused, it did not look since
+        assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                               target=TARGET, now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
+    assert states(sessions, notification_id) == (N.SENDING, [A.UNKNOWN])
+    with sessions.begin() as session:  # a worker that read it after the first claim (and looked) may
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                           target=TARGET, now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=1)
 
 
 def test_claim_of_the_fallback_keeps_falling_back_and_refuses_an_ended_attempt(sessions: sessionmaker[Session]) -> None:
     notification_id, [_, second] = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
     with sessions.begin() as session:
         assert moves.claim(session, notification_id=notification_id, attempt_id=second, fallback=True, target=TARGET,
-                           now=NOW, lease_until=NOW + timedelta(seconds=60))
+                           now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
     assert states(sessions, notification_id) == (N.FALLING_BACK, [A.FAILED, A.IN_FLIGHT])
     ended, [attempt_id] = put(sessions, N.SENT, A.SENT)
     with sessions.begin() as session:
         assert not moves.claim(session, notification_id=ended, attempt_id=attempt_id, fallback=False, target=TARGET,
-                               now=NOW, lease_until=NOW)
+                               now=NOW, lease_until=NOW, seen_claims=0)
     assert states(sessions, ended) == (N.SENT, [A.SENT])
 
 

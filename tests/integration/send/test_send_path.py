@@ -206,7 +206,7 @@ def test_a_live_lease_makes_a_twin_wait(context: SendContext, sandbox: SandboxPr
                                      channel="messaging_platform", now=context.clock())
         target = moves.Target(inbox_id=1, contact_id=1, conversation_id=1, channel="messaging_platform", content_hash="x")
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt.id, fallback=False, target=target,
-                           now=context.clock(), lease_until=context.clock().replace(year=2100))
+                           now=context.clock(), lease_until=context.clock().replace(year=2100), seen_claims=0)
     result = send_notification(notification_id, context)
     assert result.outcome is Outcome.RETRY
     assert "may still be running" in result.reason
