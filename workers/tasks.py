@@ -38,7 +38,10 @@ def send(self: Task, notification_id: int) -> str:
             with context.sessions.begin() as session:
                 store.defer(session, int(notification_id), at=context.clock() + timedelta(seconds=result.delay_s))
             return "deferred"
-        raise self.retry(countdown=max(result.delay_s, 0.05), max_retries=None)
+        countdown = max(result.delay_s, 0.05)
+        with context.sessions.begin() as session:
+            store.expect_run(session, int(notification_id), at=context.clock() + timedelta(seconds=countdown))
+        raise self.retry(countdown=countdown, max_retries=None)
     return result.outcome.value
 
 

@@ -197,14 +197,15 @@ def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: in
     )
 
 
-def wait_for_limit(session: Session, *, attempt_id: int, now: datetime) -> bool:
-    """A run that made no call (a limiter wait) gives its try back: waiting is not failing.
+def wait_without_calling(session: Session, *, attempt_id: int, now: datetime) -> bool:
+    """A run that made no call (a limiter wait, or another worker's live lease) gives its try back:
+    waiting is not failing, and redelivered twins must not use up the tries of the one that sends.
 
     The caller applies the guard: past the send deadline the try stays counted, so the retry
     limit still ends a notification that waits forever."""
     return _won(session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_kept("wait_for_limit", "attempt")),
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_kept("wait_without_calling", "attempt")),
                ATTEMPTS.c.tries > 0)
         .values(tries=ATTEMPTS.c.tries - 1, updated_at=now)
     ))

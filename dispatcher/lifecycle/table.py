@@ -92,8 +92,9 @@ MOVES: dict[str, Move] = {
         Move("wait_for_workspace", "the workspace refuses the token or cannot be reached: wait, saying why; the try is not counted",
              attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="createMessage was refused or never left"),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records why it waits")),
-        Move("wait_for_limit", "our own limiter said not now (a shared pause after a 429): no call was made, so the try is not counted",
-             attempt=edges((A.QUEUED, [A.QUEUED]), (A.UNKNOWN, [A.UNKNOWN]), guard="within the send deadline")),
+        Move("wait_without_calling", "a run that made no call (our limiter said not now, or another worker's lease "
+             "still runs): the try is not counted",
+             attempt=kept([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], guard="within the send deadline")),
         Move("re_resolve", "the workspace no longer has the stored contact or conversation (404): forget them, try once more",
              attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="once per attempt; nothing was sent")),
         Move("fail_attempt", "the attempt ends without a message (refused, not contactable, tries used up)",

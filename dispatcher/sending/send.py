@@ -185,14 +185,15 @@ def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int |
 
 
 def _give_back_try(job: _Job, ctx: SendContext) -> None:
-    """A limiter wait made no call, so it does not count as one of the attempt's tries: under a
-    burst of 429s (every worker paused) the tries would otherwise run out without a single answer.
+    """A run that made no call (a limiter wait, or another worker's live lease) does not count as
+    one of the attempt's tries: under a burst of 429s (every worker paused), or with twins of a task
+    redelivered while one of them sends, the tries would otherwise run out without a single answer.
     Past the send deadline the try stays counted, so the retry limit still ends a notification
     that never gets a slot."""
     if _past_send_deadline(job, ctx):
         return
     with ctx.sessions.begin() as session:
-        moves.wait_for_limit(session, attempt_id=job.attempt_id, now=ctx.clock())
+        moves.wait_without_calling(session, attempt_id=job.attempt_id, now=ctx.clock())
 
 
 def _breaker_closed(ctx: SendContext) -> None:
@@ -365,6 +366,7 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     if job.started is not None and job.body is not None:
         return _create_message(job, ctx, job.started.conversation_id, job.body)
     if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
+        _give_back_try(job, ctx)
         return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
     if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
         try:

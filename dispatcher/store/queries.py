@@ -170,6 +170,13 @@ def defer(session: Session, notification_id: int, *, at: datetime) -> None:
     session.execute(update(Notification).where(Notification.id == notification_id).values(next_try_at=at))
 
 
+def expect_run(session: Session, notification_id: int, *, at: datetime) -> None:
+    """The row's task waits in the broker (a retry countdown) until ``at``: the sweep counts the row
+    as stale only ``stale_after_s`` past that, so a countdown longer than ``stale_after_s`` does not
+    make it publish a second task (each would spend a try and race the first)."""
+    session.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(enqueued_at=at))
+
+
 def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
     """A task is working on the row now: the sweep leaves it alone until it goes stale."""
     session.execute(

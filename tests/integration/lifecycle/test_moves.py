@@ -167,19 +167,21 @@ def _tries(sessions: sessionmaker[Session], attempt_id: int) -> int:
         return found.tries
 
 
-def test_wait_for_limit_gives_the_try_back_only_while_the_attempt_waits(sessions: sessionmaker[Session]) -> None:
+def test_a_run_that_made_no_call_gives_its_try_back_only_while_the_attempt_waits(sessions: sessionmaker[Session]) -> None:
     notification_id, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)  # put counts one try
     with sessions.begin() as session:
-        assert moves.wait_for_limit(session, attempt_id=attempt_id, now=NOW)
-        assert not moves.wait_for_limit(session, attempt_id=attempt_id, now=NOW)  # never below zero
+        assert moves.wait_without_calling(session, attempt_id=attempt_id, now=NOW)
+        assert not moves.wait_without_calling(session, attempt_id=attempt_id, now=NOW)  # never below zero
     assert _tries(sessions, attempt_id) == 0
     assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
-    _, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    leased, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
     _, [accepted] = put(sessions, N.ACCEPTED, A.ACCEPTED)
-    with sessions.begin() as session:  # a claimed or ended attempt's try was a real one
-        assert not moves.wait_for_limit(session, attempt_id=in_flight, now=NOW)
-        assert not moves.wait_for_limit(session, attempt_id=accepted, now=NOW)
-    assert (_tries(sessions, in_flight), _tries(sessions, accepted)) == (1, 1)
+    with sessions.begin() as session:
+        # a twin that found another worker's live lease made no call; it stays in flight
+        assert moves.wait_without_calling(session, attempt_id=in_flight, now=NOW)
+        assert not moves.wait_without_calling(session, attempt_id=accepted, now=NOW)  # an ended attempt's tries stay
+    assert (_tries(sessions, in_flight), _tries(sessions, accepted)) == (0, 1)
+    assert states(sessions, leased) == (N.SENDING, [A.IN_FLIGHT])
 
 
 def test_accept_records_the_message_on_both_and_only_once(sessions: sessionmaker[Session]) -> None:

@@ -216,6 +216,21 @@ def test_a_lost_task_is_queued_again_after_the_stale_time(dispatcher: Dispatcher
     assert len(enqueuer.sent) == 2
 
 
+def test_a_task_waiting_in_a_countdown_is_not_queued_again_before_it_is_stale(
+    dispatcher: Dispatcher, enqueuer: ListEnqueuer
+) -> None:
+    record = dispatcher.notify(_request())
+    now = datetime.now(UTC)
+    with dispatcher.sessions.begin() as session:  # the task retries with a 200 s countdown
+        found = store.find_notification_by_event(session, record.event_id)
+        assert found is not None
+        store.expect_run(session, found.id, at=now + timedelta(seconds=200))
+    assert sweep(sessions=dispatcher.sessions, enqueuer=enqueuer, stale_after_s=20,
+                 clock=lambda: now + timedelta(seconds=60)) == 0  # past stale_after_s, but its task is due later
+    assert sweep(sessions=dispatcher.sessions, enqueuer=enqueuer, stale_after_s=20,
+                 clock=lambda: now + timedelta(seconds=221)) == 1  # that task was lost
+
+
 def test_an_enqueue_that_fails_is_relayed_by_the_sweep(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
     class DownBroker:
         def enqueue_send(self, ids: Any) -> list[int]:
