@@ -40,7 +40,7 @@ from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
-from tests.support.worker_process import ProcessGroup, dispatcher_environment, process_group
+from tests.support.worker_process import FAST_TIMERS, ProcessGroup, dispatcher_environment, process_group
 
 # --- the run's shape ------------------------------------------------------------------------
 
@@ -58,7 +58,7 @@ CONTACTS_PER_NOTIFICATION = 0.25  # about four notifications per contact: shared
 UNDELIVERABLE_CONTACT_SHARE = 0.10  # +1555010...: 131026 on the platform inbox, SMS delivered
 SILENT_CONTACT_SHARE = 0.02  # +1555020...: stay "sent" forever on inboxes 1 and 2 (deadline decisions)
 TEMPLATE_MISMATCH_SHARE = 0.07  # test_results_ready with 2 params; the platform approved 1: 132000
-DELIVERY_DEADLINE_S = 60.0  # the reminders route's deadline (the example config says 900)
+DELIVERY_DEADLINE_S = 60.0  # the reminders route's deadline: the example's 900 s would end the silent ones past the budget
 
 # Faults (docs/chaos.md).
 SERVER_ERROR_SHARE = 0.05
@@ -249,16 +249,20 @@ def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> I
                 api_url=sandbox.base_url, database_url=database_url, broker_url=private.url,
                 DISPATCHER_TEMPLATES=json.dumps(TEMPLATES),
                 DISPATCHER_ROUTES=routes_json(),
-                DISPATCHER_RECONCILE_AFTER_S="5",
-                # A task that waits in a backlog longer than this is published again; 6 s (the
-                # integration tests' value) multiplies the queue when sends lag behind intake.
+                # A sendable row that no task touched this long is published again. The default
+                # (300 s) would leave the work of a killed whole worker waiting five minutes, past
+                # this run's budget; 20 s still lets a lagging backlog drain without multiplying it.
                 DISPATCHER_STALE_AFTER_S="20",
                 # The example's 90 searches a minute would make contact creation, not the faults,
                 # the subject of the run. The sandbox (stock profile) still allows 100 a minute and
                 # answers 429 past it, as a stock workspace does: the dispatcher must cope.
                 DISPATCHER_CONTACT_SEARCHES_PER_MINUTE="1200",
+                # The example's 2,400 calls a minute would pace the run, not test it; the stock
+                # service allows 3,000 per client address, the sandbox counts none.
                 DISPATCHER_API_REQUESTS_PER_MINUTE="6000",
             )
+            for fast in FAST_TIMERS.keys() - {"DISPATCHER_STALE_AFTER_S"}:  # retries, timeouts, sweeps at their defaults
+                del env[fast]
             settings = settings_of(env)
             with WorkspaceClient.from_settings(settings) as client:
                 webhook = client.create_webhook(

@@ -26,10 +26,25 @@ from tests.conftest import REPO_ROOT
 EXAMPLE = REPO_ROOT / "config" / "dispatcher.example.toml"
 
 
+# Shortened timers for the integration tests: a kinder world than a deployment's. A run that must
+# hold at the settings users deploy (the chaos run) removes them.
+FAST_TIMERS = {
+    "DISPATCHER_HTTP_CONNECT_TIMEOUT_S": "2",
+    "DISPATCHER_HTTP_READ_TIMEOUT_S": "2",
+    "DISPATCHER_HTTP_WRITE_TIMEOUT_S": "2",
+    "DISPATCHER_HTTP_POOL_TIMEOUT_S": "1",
+    "DISPATCHER_RETRY_BASE_S": "0.2",
+    "DISPATCHER_RETRY_CAP_S": "1.5",
+    "DISPATCHER_RETRY_MAX_TRIES": "30",
+    "DISPATCHER_SWEEP_INTERVAL_S": "1",
+    "DISPATCHER_STALE_AFTER_S": "6",
+}
+
+
 def dispatcher_environment(
     *, api_url: str, database_url: str, broker_url: str, **overrides: str
 ) -> dict[str, str]:
-    """The environment of every dispatcher process in a test: fast retries and sweeps."""
+    """The environment of every dispatcher process in a test: fast retries and sweeps (FAST_TIMERS)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("DISPATCHER_") or key.startswith("DISPATCHER_TEST_")}
     env.update(
         {
@@ -37,15 +52,7 @@ def dispatcher_environment(
             "DISPATCHER_API_URL": api_url,
             "DISPATCHER_DATABASE_URL": database_url,
             "DISPATCHER_BROKER_URL": broker_url,
-            "DISPATCHER_HTTP_CONNECT_TIMEOUT_S": "2",
-            "DISPATCHER_HTTP_READ_TIMEOUT_S": "2",
-            "DISPATCHER_HTTP_WRITE_TIMEOUT_S": "2",
-            "DISPATCHER_HTTP_POOL_TIMEOUT_S": "1",
-            "DISPATCHER_RETRY_BASE_S": "0.2",
-            "DISPATCHER_RETRY_CAP_S": "1.5",
-            "DISPATCHER_RETRY_MAX_TRIES": "30",
-            "DISPATCHER_SWEEP_INTERVAL_S": "1",
-            "DISPATCHER_STALE_AFTER_S": "6",
+            **FAST_TIMERS,
             "PYTHONPATH": str(REPO_ROOT),
             "PYTHONUNBUFFERED": "1",
         }
