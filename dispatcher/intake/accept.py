@@ -34,9 +34,7 @@ def check_request(request: NotificationRequest, settings: Settings, *, now: date
     if request.template is not None:
         template = settings.template(request.template.name, request.template.language)
         if template is None:
-            raise InvalidEvent(
-                "template.name", f"{request.template.name!r} in {request.template.language!r} is not in the template registry"
-            )
+            raise InvalidEvent("template.name", "is not in the template registry for template.language")
         if template.category != request.template.category:
             raise InvalidEvent("template.category", f"the registered category is {template.category}")
         if len(request.template.params) != template.body_params:
@@ -45,7 +43,7 @@ def check_request(request: NotificationRequest, settings: Settings, *, now: date
             )
     for field, name, candidate in (("template", request.route, route), ("fallback_route", fallback_name, fallback)):
         if candidate is not None and request.template is None and _needs_template(candidate):
-            raise InvalidEvent(field, f"route {name!r} needs an approved template; free text is not allowed there")
+            raise InvalidEvent(field, "that route needs an approved template; free text is not allowed there")
         if candidate is not None:
             _check_reachable(request, candidate, name or "", field)
     if request.send_at is not None and request.send_at <= now:
@@ -57,7 +55,7 @@ def _route(settings: Settings, name: str | None, *, field: str) -> Route:
     route = settings.routes.get(name or "")
     if route is None:
         known = ", ".join(sorted(settings.routes)) or "none"
-        raise InvalidEvent(field, f"no route named {name!r} (configured: {known})")
+        raise InvalidEvent(field, f"names no configured route (configured: {known})")
     return route
 
 

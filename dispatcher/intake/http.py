@@ -37,11 +37,13 @@ from pydantic import SecretStr
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
 from dispatcher.service import Dispatcher
 from dispatcher.settings import ENV_PREFIX, load_settings
@@ -174,7 +176,8 @@ def create_intake_app(
         for close in on_shutdown:
             close()
 
-    return Starlette(routes=[*routes, Route("/healthz", healthz, methods=["GET"])], lifespan=lifespan)
+    return Starlette(routes=[*routes, Route("/healthz", healthz, methods=["GET"])], lifespan=lifespan,
+                     middleware=[Middleware(RefuseDoubleFraming)])
 
 
 def app_from_environment() -> Starlette:

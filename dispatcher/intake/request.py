@@ -9,19 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from dispatcher.errors import InvalidEvent
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]{2,63}$")
+EMAIL_MAX_CHARS = 254  # RFC 5321's longest address; the workspace keeps e-mail in a 255-character column
 MAX_METADATA_KEYS = 20
+INT64 = 2**63 - 1
+# A NUL cannot be stored by PostgreSQL, and a lone UTF-16 surrogate cannot be encoded as UTF-8:
+# either would fail the store or the send later, with the text in the error. Refused at the edge.
+_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 
+
+def _plain_text(value: str) -> str:
+    if _UNSENDABLE.search(value):
+        raise ValueError("must not hold a NUL character or an unpaired surrogate")
+    return value
+
+
+PLAIN = AfterValidator(_plain_text)
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
-MetadataValue = Annotated[str, StringConstraints(max_length=200)] | int | float | bool
+MetadataValue = Annotated[str, StringConstraints(max_length=200)] | int | float | bool  # checked further below
 
 
 class ContactDetails(BaseModel):
@@ -29,12 +43,12 @@ class ContactDetails(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    identifier: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = None
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = Field(
+    identifier: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200), PLAIN] | None = None
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200), PLAIN] | None = Field(
         default=None, repr=False
     )
     phone_number: str | None = Field(default=None, repr=False)
-    email: str | None = Field(default=None, repr=False)
+    email: Annotated[str, StringConstraints(max_length=EMAIL_MAX_CHARS), PLAIN] | None = Field(default=None, repr=False)
 
     @model_validator(mode="after")
     def _reachable(self) -> ContactDetails:
@@ -52,10 +66,11 @@ class TemplateChoice(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=512)]
-    language: Annotated[str, StringConstraints(min_length=2, max_length=16)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=512), PLAIN]
+    language: Annotated[str, StringConstraints(min_length=2, max_length=16), PLAIN]
     category: Literal["UTILITY", "MARKETING", "AUTHENTICATION"]
-    params: dict[str, Annotated[str, StringConstraints(max_length=1024)]] = Field(default_factory=dict, repr=False)
+    params: dict[Annotated[str, StringConstraints(max_length=8), PLAIN],
+                 Annotated[str, StringConstraints(max_length=1024), PLAIN]] = Field(default_factory=dict, repr=False)
 
     @model_validator(mode="after")
     def _positional(self) -> TemplateChoice:
@@ -73,11 +88,11 @@ class NotificationRequest(BaseModel):
     event_id: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
     route: Name
     contact: ContactDetails
-    content: Annotated[str, StringConstraints(min_length=1, max_length=4096)] = Field(repr=False)
+    content: Annotated[str, StringConstraints(min_length=1, max_length=4096), PLAIN] = Field(repr=False)
     template: TemplateChoice | None = None
     fallback_route: Name | None = None
     send_at: AwareDatetime | None = None
-    metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], MetadataValue] = Field(
+    metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64), PLAIN], MetadataValue] = Field(
         default_factory=dict, repr=False
     )
 
@@ -85,6 +100,13 @@ class NotificationRequest(BaseModel):
     def _small_metadata(self) -> NotificationRequest:
         if len(self.metadata) > MAX_METADATA_KEYS:
             raise ValueError(f"metadata: at most {MAX_METADATA_KEYS} keys")
+        for value in self.metadata.values():  # JSON allows 1e400 and huge integers; the stores do not
+            if isinstance(value, str) and _UNSENDABLE.search(value):
+                raise ValueError("metadata: must not hold a NUL character or an unpaired surrogate")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError("metadata: numbers must be finite")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64:
+                raise ValueError("metadata: whole numbers must fit in 64 bits")
         if self.fallback_route is not None and self.fallback_route == self.route:
             raise ValueError("fallback_route: must differ from route")
         return self

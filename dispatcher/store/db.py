@@ -13,7 +13,11 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # several worker processes share one file: wait
 
 
 def make_engine(database_url: str, **options: Any) -> Engine:
-    """An engine with the settings each backend needs for several processes writing at once."""
+    """An engine with the settings each backend needs for several processes writing at once.
+
+    ``hide_parameters``: a statement's parameters (contents, contact details) never appear in the
+    text of a database error, which may reach a log, a traceback or Flower."""
+    options.setdefault("hide_parameters", True)
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":

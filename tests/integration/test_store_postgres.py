@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,23 @@ def test_the_service_window_only_moves_forward(fresh_postgres_url: str) -> None:
             assert not store.window_open(session, account_id=1, contact_id=2, inbox_id=3, now=now + timedelta(hours=25))
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_a_database_error_carries_no_statement_parameters(fresh_postgres_url: str, tmp_path: Any, backend: str) -> None:
+    import sqlalchemy as sa
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = fresh_postgres_url if backend == "postgresql" else f"sqlite:///{tmp_path}/hidden.sqlite"
+    upgrade_database(url)
+    engine = make_engine(url)
+    secret = "Reminder for +15550199999: your HIV test result is ready"
+    try:
+        with pytest.raises(SQLAlchemyError) as raised, engine.begin() as connection:
+            # a NUL that PostgreSQL refuses, or a NOT NULL column left empty: either fails with the value bound
+            connection.execute(sa.text("INSERT INTO notifications (event_id, fingerprint) VALUES (:e, :f)"),
+                               {"e": secret + "\x00", "f": secret})
+    finally:
+        engine.dispose()
+    assert "+15550199999" not in str(raised.value) and "HIV" not in str(raised.value)
+    assert "hidden" in str(raised.value).lower()  # SQLAlchemy says the parameters were hidden

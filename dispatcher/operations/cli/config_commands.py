@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 import click
 
 from dispatcher.api import WorkspaceClient
@@ -24,7 +26,9 @@ def config_check_command() -> None:
       DISPATCHER_ACCOUNT_ID=abc dispatcher config check    # fails, naming the key
     """
     settings = load_settings()
-    click.echo(f"api_url: {settings.api_url}")
+    click.echo(f"api_url: {without_password(str(settings.api_url))}")
+    click.echo(f"database_url: {without_password(settings.database_url)}")
+    click.echo(f"broker_url: {without_password(settings.broker_url)}")
     click.echo(f"account_id: {settings.account_id}")
     click.echo("api_token: set (hidden)")
     click.echo(f"webhook secrets: {len(settings.webhook_secrets)}")
@@ -65,3 +69,13 @@ def inboxes_command() -> None:
             click.echo(f"route {name}: inbox {found.id} ({found.name})")
     if unresolved:
         raise SystemExit(1)
+
+
+def without_password(url: str) -> str:
+    """``url`` with any password in it replaced by ``***`` (a URL may carry one: never print it)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -1,7 +1,9 @@
 """``dispatcher``: the entry point, the command list, and how errors end a command.
 
 Any :class:`~dispatcher.errors.DispatcherError` ends the command with its message (which names
-the key or field at fault and never carries a secret) and exit status 2, instead of a traceback.
+the key or field at fault and never carries a secret) and exit status 2, instead of a traceback;
+a database error ends it with one line naming the error's class, and exit status 3
+(docs/operations.md lists the statuses).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from dispatcher.errors import DispatcherError
 from dispatcher.operations.cli.config_commands import config_group, inboxes_command
@@ -21,6 +24,9 @@ from dispatcher.operations.cli.webhook_commands import receiver_command, webhook
 EXIT_USAGE = 2
 
 
+EXIT_STORE = 3
+
+
 class _Dispatcher(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -28,6 +34,11 @@ class _Dispatcher(click.Group):
         except DispatcherError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_USAGE)
+        except SQLAlchemyError as error:
+            # One line, the error's class only: a driver's message may quote the statement's text.
+            click.echo(f"error: the database failed the command ({type(error).__name__}); run it again once it "
+                       "answers (the same event is never stored twice)", err=True)
+            sys.exit(EXIT_STORE)
 
 
 @click.group(cls=_Dispatcher, context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,7 +5,9 @@
 1. size: ``Content-Length`` over ``webhook_max_body_bytes``, or a streamed body passing it,
    answers 413 ``body_too_large`` at once, without reading the rest;
 2. :func:`~dispatcher.tracking.webhooks.verify.verify_delivery` on the raw bytes (401 / 400 / 503);
-3. JSON, only now: not JSON, not an object, or no ``event`` answers 400 ``malformed_body``;
+3. JSON, only now: not UTF-8, not JSON, not an object, no ``event``, or a string holding a NUL or
+   a lone surrogate (``\\u0000``, ``\\ud800``: nothing could store or apply it) answers 400
+   ``malformed_body``;
 4. the summary (IDs and status only, :mod:`dispatcher.tracking.webhooks.events`) is inserted and
    committed under the delivery ID; an ID recorded before answers 200 ``duplicate`` and
    nothing else happens;
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -39,11 +42,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from dispatcher.errors import WebhookRejected
+from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import session_factory, shared_engine
@@ -141,7 +146,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             if close is not None:
                 close()
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RefuseDoubleFraming)])
 
 
 def app_from_environment() -> Starlette:
@@ -167,11 +172,32 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# A NUL or a lone UTF-16 surrogate in any string: PostgreSQL refuses the first, UTF-8 cannot encode
+# the second, so a stored delivery that held one could never be applied.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(value: object) -> bool:
+    """No string in the parsed body (keys included) holds a NUL or a lone surrogate."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is None
+    if isinstance(value, dict):
+        return all(_storable(key) and _storable(item) for key, item in value.items())
+    if isinstance(value, list):
+        return all(_storable(item) for item in value)
+    return True
+
+
 def _summary(body: bytes) -> EventSummary:
     try:
-        payload = json.loads(body)
+        # Strict UTF-8 first: json.loads would let encoded surrogates through ("surrogatepass").
+        text = body.decode("utf-8")
+        payload = json.loads(text)
     except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
         raise WebhookRejected("malformed_body", status_code=400) from None
+    # Only an escape can put a NUL or a surrogate in a parsed string (raw ones are invalid JSON or UTF-8).
+    if "\\u" in text and not _storable(payload):
+        raise WebhookRejected("malformed_body", status_code=400)
     summary = summarize(payload) if isinstance(payload, dict) else None
     if summary is None:
         raise WebhookRejected("malformed_body", status_code=400)

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -155,6 +157,20 @@ def _healthy(port: int, process: subprocess.Popen[bytes]) -> bool:
         return False
 
 
+def _raw_post(url: str, body: bytes, headers: dict[str, str]) -> bytes:
+    """A POST written byte by byte (an HTTP client would refuse to frame a body twice)."""
+    parts = urlsplit(url)
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    request = f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n{head}\r\n"
+    with socket.create_connection((parts.hostname, parts.port), timeout=5.0) as connection:
+        connection.sendall(request.encode() + chunked)
+        answer = b""
+        while chunk := connection.recv(4096):
+            answer += chunk
+    return answer
+
+
 def send_messages(sandbox: SandboxProcess) -> tuple[list[int], int]:
     """One outgoing message to each of three SMS contacts and one incoming message; returns the
     outgoing message IDs and the contact ID that wrote in."""
@@ -227,6 +243,25 @@ def test_the_receiver_records_queues_and_refuses(
         assert (tampered.status_code, tampered.json()) == (401, {"error": "bad_signature"})
         assert "test-tampered-1" not in {row.delivery_id for row in stack.rows()}
         assert len(stack.published_row_ids()) == len(rows) + 1
+
+        # and a signed body holding a NUL or a lone surrogate is refused: nothing could store or apply it
+        for n, text in enumerate(("a\\u0000b", "\\ud800", "\\udc00 alone")):
+            unstorable = f'{{"event": "message_updated", "id": {message_ids[0]}, "content": "{text}"}}'.encode()
+            refused = stack.post_signed(unstorable, f"test-unstorable-{n}")
+            assert (refused.status_code, refused.json()) == (400, {"error": "malformed_body"}), text
+        # while an escaped pair (an emoji) and the stock escapes of <, > and & are accepted
+        paired = (f'{{"event": "message_updated", "id": {message_ids[0]}, '
+                  '"content": "\\ud83d\\ude00 \\u003cb\\u003e"}').encode()
+        assert stack.post_signed(paired, "test-paired").status_code == 200
+        delivery_ids = {row.delivery_id for row in stack.rows()}
+        assert "test-paired" in delivery_ids and not any(d.startswith("test-unstorable") for d in delivery_ids)
+        assert len(stack.published_row_ids()) == len(rows) + 2
+
+        # and a request framed twice (Transfer-Encoding and Content-Length: a smuggling attempt) is refused
+        framed_twice = _raw_post(stack.receiver_url, body, {"Content-Length": str(len(body)), "Transfer-Encoding": "chunked"})
+        assert framed_twice.startswith(b"HTTP/1.1 400"), framed_twice[:80]
+        assert b"transfer-encoding" in framed_twice
+        assert len(stack.published_row_ids()) == len(rows) + 2
 
         # and nothing personal or secret is stored or logged
         log = stack.stop()

@@ -28,7 +28,7 @@ from dispatcher.intake import http as http_intake
 from dispatcher.intake.http import DEFAULT_MAX_BODY_BYTES, create_intake_app, create_intake_routes
 from dispatcher.service import Dispatcher
 from tests.support.dispatcher_setup import example_settings
-from tests.unit.http_intake.conftest import AUTH, PATH, PHONE, TOKEN, Intake, TestClient, valid_request
+from tests.unit.http_intake.conftest import AUTH, CONTENT, PATH, PHONE, TOKEN, Intake, TestClient, valid_request
 
 # --- success -------------------------------------------------------------------------------
 
@@ -181,6 +181,13 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown contact key", {"contact__fax": "123"}, "contact.fax"),
     ("too much metadata", {"metadata": _FAR}, "metadata"),
     ("metadata value not scalar", {"metadata": {"nested": {"a": 1}}}, "metadata.nested*"),
+    # what the stores and the workspace cannot keep is refused here, not by a failing insert later
+    ("metadata whole number past 64 bits", {"metadata": {"n": 2**64}}, "metadata"),
+    ("metadata text with a NUL", {"metadata": {"note": "a\x00b"}}, "metadata"),
+    ("content with a NUL", {"content": "Reminder\x00"}, "content"),
+    ("contact name with a NUL", {"contact__name": "Ann\x00"}, "contact.name"),
+    ("template parameter with a NUL", {"template__params": {"1": "Ann\x00", "2": "Monday"}}, "template.params.1"),
+    ("e-mail longer than the workspace keeps", {"contact__email": "a" * 60 + "@" + "b" * 200 + ".com"}, "contact.email"),
 ]
 
 
@@ -240,6 +247,20 @@ def test_malformed_json_answers_400_naming_the_body(intake: Intake, raw: bytes) 
     response = intake.client.post(PATH, content=raw, headers={**AUTH, "Content-Type": "application/json"})
     assert response.status_code == 400
     assert response.json() == {"error": "malformed_json", "field": "body", "detail": "is not valid JSON"}
+    assert intake.rows() == 0
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"Infinity", b"NaN"])
+def test_a_metadata_number_json_allows_but_no_store_keeps_is_refused_naming_the_field(
+    intake: Intake, number: bytes
+) -> None:
+    # 1e400 is valid JSON and parses as infinity; PostgreSQL's json refuses it at the insert
+    raw = json.dumps(valid_request("appt-inf")).encode().replace(b'"A-77"', number)
+    response = intake.client.post(PATH, content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code in (400, 422), response.text
+    if response.status_code == 422:
+        assert response.json()["field"] == "metadata"
+    assert CONTENT not in response.text and PHONE not in response.text
     assert intake.rows() == 0
 
 

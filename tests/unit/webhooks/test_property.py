@@ -28,7 +28,9 @@ ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
 _ids = itertools.count()
 
 SPOILERS = ["none", "tamper", "wrong_secret", "stale", "future", "missing", "malformed_timestamp",
-            "malformed_signature", "malformed_delivery", "oversized", "not_an_event", "other_dialect"]
+            "malformed_signature", "malformed_delivery", "oversized", "not_an_event", "other_dialect", "unstorable"]
+# What a customer may write: any text but a NUL or a lone surrogate, which nothing downstream can store.
+STORABLE_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=300)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ payloads = st.builds(
     id=st.integers(1, 2**53),
     status=st.sampled_from(["sent", "delivered", "read", "failed", None]),
     message_type=st.one_of(st.sampled_from(["incoming", "outgoing", "template"]), st.integers(0, 3)),
-    content=st.text(max_size=300),
+    content=STORABLE_TEXT,
     created_at=st.one_of(st.integers(0, 2**31), st.just("2026-05-28T20:26:40.000Z")),
 )
 
@@ -99,6 +101,12 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str], tuple[int, ..
             st.binary(max_size=200).filter(lambda b: not _is_event(b)),
             st.sampled_from([b"[]", b"{}", b'{"event": 1}', b"null", b"1e999", b'{"event":']),
         ))
+        expected = (400,)
+    elif spoiler == "unstorable":  # signed as sent: the text itself is what cannot be kept
+        bad = draw(st.sampled_from(["\x00", "\ud800", "\udfff", "\udc00\ud800"]))
+        short = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=50)
+        before, after = draw(short), draw(short)  # small enough never to pass the size limit first
+        body = signed_body = encode(message_event(content=before + bad + after))
         expected = (400,)
     elif spoiler == "other_dialect":
         prefix = "Acme"  # a dialect the receiver does not take: the signature counts as missing
