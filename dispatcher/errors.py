@@ -63,6 +63,15 @@ class EventConflict(InvalidEvent):
         super().__init__("event_id", f"{event_id!r} was handed over before with a different request")
 
 
+class EventSpent(EventConflict):
+    """The event ID was handed over before, and its notification has since been purged by
+    retention: it stays spent, so the event is not sent a second time."""
+
+    def __init__(self, event_id: str) -> None:
+        InvalidEvent.__init__(self, "event_id", f"{event_id!r} was handed over before; its record is past retention "
+                                                "and it is not sent again")
+
+
 class UnknownNotification(DispatcherError):
     """No notification is stored under that event ID."""
 

@@ -173,9 +173,16 @@ class Settings(BaseSettings):
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
     unknown_error_falls_back: bool = True  # a failure with another code, or none
 
-    # Retention: per-send records older than this are deleted by the periodic retention task.
+    # Retention: settled notifications (delivered, read, failed) unchanged this long are deleted by
+    # the periodic retention task, and webhook records this old; nothing still to be sent is deleted.
     retention_days: float = Field(default=30.0, gt=0)
     retention_interval_s: float = Field(default=3600.0, gt=0)
+    # A purged notification's event ID stays spent this long (a keyed hash of it, no content), so
+    # the same event handed over again is refused instead of sent a second time.
+    event_id_spent_days: float = Field(default=365.0, gt=0)
+    # The key of the keyed hashes kept at rest (spent event IDs). Unset: the API token is the key;
+    # set one of its own to keep the hashes valid across a token rotation (docs/notifications.md).
+    hash_key: SecretStr | None = Field(default=None, repr=False)
 
     # Metrics: a Prometheus endpoint on the workers (the receiver serves /metrics on its own port).
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
@@ -202,7 +209,7 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("intake_token", "metrics_port", mode="before")
+    @field_validator("intake_token", "metrics_port", "hash_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # An empty variable (compose's ${VAR:-}) means "not set", not "set to nothing".
@@ -231,6 +238,11 @@ class Settings(BaseSettings):
         if not _HEADER_PREFIX.match(value):
             raise ValueError("must be auto or a header word such as Service or Chatwoot")
         return value
+
+    @property
+    def hashing_key(self) -> bytes:
+        """The key of the keyed hashes kept at rest: ``hash_key``, else the API token."""
+        return (self.hash_key or self.api_token).get_secret_value().encode()
 
     @property
     def webhook_header_prefixes(self) -> tuple[str, ...]:

@@ -76,7 +76,9 @@ def track() -> dict[str, object]:
 
 @app.task(name=RETENTION_TASK, ignore_result=True)
 def retain() -> dict[str, int]:
-    """Delete notifications, attempts and webhook records older than the retention period."""
+    """Delete settled notifications (and their attempts) and webhook records older than the retention
+    period; their event IDs stay spent (docs/notifications.md)."""
     context = runtime.send_context()
-    report = purge(context.sessions, retention_days=context.settings.retention_days, now=context.clock())
+    report = purge(context.sessions, retention_days=context.settings.retention_days, now=context.clock(),
+                   hashing_key=context.settings.hashing_key, spent_days=context.settings.event_id_spent_days)
     return vars(report)

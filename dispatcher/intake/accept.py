@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import Enqueuer
-from dispatcher.errors import EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.errors import EventConflict, EventSpent, InvalidEvent, UnknownNotification
 from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
@@ -100,6 +100,8 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         if existing.fingerprint != request.fingerprint():
             raise EventConflict(request.event_id)
         return existing, False
+    if store.event_spent(session, request.event_id, key=settings.hashing_key, now=now):
+        raise EventSpent(request.event_id)
     fallback_route = check_request(request, settings, now=now)
     _check_volume(session, request, settings, now=now)
     notification = moves.new_notification(

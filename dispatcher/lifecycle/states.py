@@ -61,6 +61,10 @@ _RANK: dict[AttemptState, int] = {
 
 SENDABLE_ATTEMPT_STATES = frozenset({AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN})
 # A send task may work on the notification (its current attempt has no message yet).
+# Nothing more will be sent or learned: retention may purge these (and only these) once old.
+SETTLED_NOTIFICATION_STATES = frozenset(
+    {NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED}
+)
 SENDABLE_NOTIFICATION_STATES = frozenset(
     {NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK}
 )

@@ -1,9 +1,13 @@
-"""Retention: forget per-send records once they are older than the retention period.
+"""Retention: forget per-send records once they are settled and older than the retention period.
 
-Content and contact details never live that long (payloads go as soon as no send can need
-them); this removes what is left: notifications with their attempts, recorded webhook
-deliveries and applied statuses. Content hashes of accepted attempts are cleared at acceptance;
-the task clears any left over (an attempt accepted by an older version) at once.
+Only settled notifications (delivered, read, failed) whose last change is older than
+``retention_days`` are purged, with their attempts: a reminder scheduled far ahead, or one still
+waiting for its send, is never deleted. Each purged event ID leaves a keyed hash
+(:class:`~dispatcher.store.models.SpentEvent`, no content) for ``event_id_spent_days``, so the
+same event handed over again is refused instead of sent twice. Webhook deliveries and applied
+statuses older than the period go too. Content and contact details never live that long
+(payloads go as soon as no send can need them); content hashes of accepted attempts are cleared
+at acceptance, and the task clears any left over (an attempt accepted by an older version).
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES
-from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery, table_of
+from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, SETTLED_NOTIFICATION_STATES
+from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, SpentEvent, WebhookDelivery, table_of
+from dispatcher.store.queries import event_key
 
 BATCH = 1000  # rows a statement; short transactions, so senders are never held up for long
 
@@ -26,32 +32,38 @@ class RetentionReport:
     deliveries: int = 0
     applied_statuses: int = 0
     content_hashes: int = 0
+    spent_events_expired: int = 0
 
 
-def purge(sessions: sessionmaker[Session], *, retention_days: float, now: datetime, max_batches: int = 100) -> RetentionReport:
+def purge(sessions: sessionmaker[Session], *, retention_days: float, now: datetime, hashing_key: bytes,
+          spent_days: float, max_batches: int = 100) -> RetentionReport:
     cutoff = now - timedelta(days=retention_days)
+    spent_until = now + timedelta(days=spent_days)
+    notifications, attempts, payloads = table_of(Notification), table_of(Attempt), table_of(Payload)
     report = RetentionReport()
     with sessions.begin() as session:
         report.content_hashes = _count(session.execute(
-            update(table_of(Attempt))
-            .where(table_of(Attempt).c.state.in_([state.value for state in ACCEPTED_ATTEMPT_STATES]),
-                   table_of(Attempt).c.content_hash.is_not(None))
+            update(attempts)
+            .where(attempts.c.state.in_([state.value for state in ACCEPTED_ATTEMPT_STATES]),
+                   attempts.c.content_hash.is_not(None))
             .values(content_hash=None)
         ))
     for _ in range(max_batches):
         with sessions.begin() as session:
-            ids = list(session.scalars(
-                table_of(Notification).select().with_only_columns(table_of(Notification).c.id)
-                .where(table_of(Notification).c.created_at < cutoff).limit(BATCH)
-            ))
-            if not ids:
+            rows = session.execute(
+                select(notifications.c.id, notifications.c.event_id)
+                .where(notifications.c.state.in_([state.value for state in SETTLED_NOTIFICATION_STATES]),
+                       notifications.c.updated_at < cutoff)
+                .limit(BATCH)
+            ).all()
+            if not rows:
                 break
+            ids = [row.id for row in rows]
+            _spend(session, [event_key(row.event_id, key=hashing_key) for row in rows], spent_until)
             # Attempts and payloads first: SQLite enforces the foreign keys without cascading by itself.
-            session.execute(delete(table_of(Attempt)).where(table_of(Attempt).c.notification_id.in_(ids)))
-            session.execute(delete(table_of(Payload)).where(table_of(Payload).c.notification_id.in_(ids)))
-            report.notifications += _count(session.execute(
-                delete(table_of(Notification)).where(table_of(Notification).c.id.in_(ids))
-            ))
+            session.execute(delete(attempts).where(attempts.c.notification_id.in_(ids)))
+            session.execute(delete(payloads).where(payloads.c.notification_id.in_(ids)))
+            report.notifications += _count(session.execute(delete(notifications).where(notifications.c.id.in_(ids))))
     with sessions.begin() as session:
         report.deliveries = _count(session.execute(
             delete(table_of(WebhookDelivery)).where(table_of(WebhookDelivery).c.received_at < cutoff)
@@ -59,7 +71,20 @@ def purge(sessions: sessionmaker[Session], *, retention_days: float, now: dateti
         report.applied_statuses = _count(session.execute(
             delete(table_of(AppliedStatus)).where(table_of(AppliedStatus).c.applied_at < cutoff)
         ))
+        report.spent_events_expired = _count(session.execute(
+            delete(table_of(SpentEvent)).where(table_of(SpentEvent).c.spent_until <= now)
+        ))
     return report
+
+
+def _spend(session: Session, keys: list[str], spent_until: datetime) -> None:
+    """Record the event IDs as spent; one already recorded keeps the later of the two horizons."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    table = table_of(SpentEvent)
+    statement = insert(table).values([{"event_key": key, "spent_until": spent_until} for key in keys])
+    session.execute(statement.on_conflict_do_update(index_elements=[table.c.event_key],
+                                                    set_={"spent_until": statement.excluded.spent_until}))
 
 
 def _count(result: object) -> int:

@@ -223,6 +223,16 @@ class AppliedStatus(Base):
     applied_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class SpentEvent(Base):
+    """An event ID whose notification retention purged: a keyed hash of it (no content), so the same
+    event handed over again within ``event_id_spent_days`` is refused instead of sent twice."""
+
+    __tablename__ = "spent_events"
+
+    event_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spent_until: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
 def table_of(model: type[Base]) -> Table:
     """A model's Core table, typed as one (the declarative stubs say FromClause)."""
     return cast(Table, model.__table__)

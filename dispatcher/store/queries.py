@@ -8,6 +8,7 @@ own the transaction (``with sessions.begin()``).
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,7 @@ from dispatcher.store.models import (
     Notification,
     Payload,
     ServiceWindow,
+    SpentEvent,
     WebhookDelivery,
     table_of,
     utcnow,
@@ -75,6 +77,17 @@ def identity_key(*, identifier: str | None = None, phone_number: str | None = No
     if value is None:
         raise ValueError("identity_key needs an identifier or a phone number")
     return hashlib.sha256(f"{kind}\0{value}".encode()).hexdigest()
+
+
+def event_key(event_id: str, *, key: bytes) -> str:
+    """A keyed hash of an event ID, kept once its notification is purged (nothing to enumerate)."""
+    return hmac.new(key, event_id.encode(), hashlib.sha256).hexdigest()
+
+
+def event_spent(session: Session, event_id: str, *, key: bytes, now: datetime) -> bool:
+    """Whether the event was handed over before and its notification purged within the horizon."""
+    spent_until = session.scalar(select(SpentEvent.spent_until).where(SpentEvent.event_key == event_key(event_id, key=key)))
+    return spent_until is not None and spent_until > now
 
 
 def content_hash(content: str) -> str:

@@ -1,53 +1,127 @@
-"""Retention deletes what is past the period, keeps the rest, and clears leftover content hashes."""
+"""Retention purges settled notifications past the period and nothing still to be sent; a purged
+event ID stays spent (a keyed hash), so the same event handed over again is not sent twice."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
 
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.errors import EventSpent
 from dispatcher.operations.retention import purge
+from dispatcher.service import Dispatcher
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
-from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, WebhookDelivery
+from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, SpentEvent, WebhookDelivery
+from tests.support.dispatcher_setup import example_settings, reminder
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+KEY = b"retention-test-key"
 
 
-def _notification(session, event_id: str, created_at: datetime) -> int:  # type: ignore[no-untyped-def]
-    row = Notification(event_id=event_id, fingerprint="f" * 64, route="sms", state="read", created_at=created_at,
-                       updated_at=created_at)
+@pytest.fixture()
+def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    url = f"sqlite:///{tmp_path}/retention.sqlite"
+    upgrade_database(url)
+    engine = make_engine(url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def _notification(session: Session, event_id: str, changed_at: datetime, state: str = "read") -> int:
+    row = Notification(event_id=event_id, fingerprint="f" * 64, route="sms", state=state, created_at=changed_at,
+                       updated_at=changed_at)
     session.add(row)
     session.flush()
     session.add(Attempt(notification_id=row.id, number=1, route="sms", channel="sms", state="read", tries=1,
-                        content_hash="c" * 64, message_id=hash(event_id) % 10_000_000))
+                        content_hash="c" * 64, message_id=int(hashlib.sha256(event_id.encode()).hexdigest()[:7], 16)))
     session.add(Payload(notification_id=row.id, body={"content": "x"}))
     return row.id
 
 
-def test_purge(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/retention.sqlite"
-    upgrade_database(url)
-    engine = make_engine(url)
-    sessions = session_factory(engine)
+def _purge(sessions: sessionmaker[Session], now: datetime = NOW) -> object:
+    return purge(sessions, retention_days=30, now=now, hashing_key=KEY, spent_days=365)
+
+
+def test_settled_notifications_past_the_period_go_and_everything_else_stays(sessions: sessionmaker[Session]) -> None:
     old, recent = NOW - timedelta(days=31), NOW - timedelta(days=29)
     with sessions.begin() as session:
-        for number in range(3):
-            _notification(session, f"old-{number}", old)
-        _notification(session, "recent", recent)
+        for state in ("read", "delivered", "failed"):
+            _notification(session, f"old-{state}", old, state)
+        _notification(session, "recent-read", recent)
+        # still to be sent, or still waiting for its outcome: never deleted, however old
+        for state in ("scheduled", "queued", "sending", "accepted", "sent", "falling_back"):
+            _notification(session, f"old-{state}", old, state)
         session.add(WebhookDelivery(delivery_id="old", event="message_updated", summary={}, received_at=old))
         session.add(WebhookDelivery(delivery_id="new", event="message_updated", summary={}, received_at=recent))
         session.add(AppliedStatus(message_id=1, status="read", applied_at=old))
         session.add(AppliedStatus(message_id=2, status="read", applied_at=recent))
-    report = purge(sessions, retention_days=30, now=NOW)
+    report = _purge(sessions)
     with sessions() as session:
-        assert list(session.scalars(select(Notification.event_id))) == ["recent"]
-        assert session.scalar(select(func.count()).select_from(Attempt)) == 1
-        assert session.scalar(select(func.count()).select_from(Payload)) == 1
+        kept = set(session.scalars(select(Notification.event_id)))
+        assert kept == {"recent-read", "old-scheduled", "old-queued", "old-sending", "old-accepted", "old-sent",
+                        "old-falling_back"}
+        assert session.scalar(select(func.count()).select_from(Attempt)) == len(kept)
+        assert session.scalar(select(func.count()).select_from(Payload)) == len(kept)
         assert list(session.scalars(select(WebhookDelivery.delivery_id))) == ["new"]
         assert list(session.scalars(select(AppliedStatus.message_id))) == [2]
-        assert session.scalar(select(Attempt.content_hash)) is None  # accepted: its hash goes at once
-    assert (report.notifications, report.deliveries, report.applied_statuses) == (3, 1, 1)
-    assert report.content_hashes == 4
-    engine.dispose()
+        assert session.scalar(select(func.count()).select_from(SpentEvent)) == 3
+        assert set(session.scalars(select(Attempt.content_hash))) == {None}  # accepted: its hash goes at once
+    assert (report.notifications, report.deliveries, report.applied_statuses) == (3, 1, 1)  # type: ignore[attr-defined]
+
+
+def test_a_reminder_scheduled_past_the_period_is_kept_and_purged_only_once_settled(
+    sessions: sessionmaker[Session],
+) -> None:
+    handed_over = NOW - timedelta(days=45)  # a reminder for 45 days ahead
+    with sessions.begin() as session:
+        notification_id = _notification(session, "far-ahead", handed_over, "scheduled")
+    _purge(sessions)
+    with sessions.begin() as session:  # sent and read today: the period counts from its last change
+        session.execute(update(Notification).where(Notification.id == notification_id).values(state="read", updated_at=NOW))
+    _purge(sessions)
+    _purge(sessions, NOW + timedelta(days=29))
+    with sessions() as session:
+        assert session.get(Notification, notification_id) is not None
+    _purge(sessions, NOW + timedelta(days=31))
+    with sessions() as session:
+        assert session.get(Notification, notification_id) is None
+
+
+def test_a_purged_event_stays_spent_as_a_keyed_hash_and_is_refused_when_handed_over_again(
+    tmp_path: Path, clean_environment: pytest.MonkeyPatch,
+) -> None:
+    url = f"sqlite:///{tmp_path}/spent.sqlite"
+    upgrade_database(url)
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=url)
+    dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer())
+    request = reminder("appt-spent-1", identifier="p-spent", phone="+15550199997")
+    dispatcher.notify(request)
+    long_ago = datetime.now(UTC) - timedelta(days=40)
+    with dispatcher.sessions.begin() as session:  # it was read 40 days ago
+        session.execute(update(Notification).values(state="read", updated_at=long_ago))
+    purge(dispatcher.sessions, retention_days=settings.retention_days, now=datetime.now(UTC),
+          hashing_key=settings.hashing_key, spent_days=settings.event_id_spent_days)
+    with dispatcher.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Notification)) == 0
+        [kept] = session.scalars(select(SpentEvent.event_key))
+    assert "appt-spent" not in kept and kept != hashlib.sha256(b"appt-spent-1").hexdigest()  # keyed, not enumerable
+    # the same event handed over again: refused, nothing stored or queued
+    with pytest.raises(EventSpent) as refused:
+        dispatcher.notify(request)
+    assert "not sent again" in str(refused.value)
+    with dispatcher.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Notification)) == 0
+    assert dispatcher.notify(reminder("appt-spent-2", identifier="p-spent", phone="+15550199997")).state == "queued"
+    # past the horizon the mark goes, and the ID is free again
+    purge(dispatcher.sessions, retention_days=settings.retention_days,
+          now=datetime.now(UTC) + timedelta(days=settings.event_id_spent_days + 1), hashing_key=settings.hashing_key,
+          spent_days=settings.event_id_spent_days)
+    with dispatcher.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(SpentEvent)) == 0
