@@ -207,6 +207,8 @@ class WebhookDelivery(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    # when the tracking sweep last published it again (its task was lost): at most once per grace period
+    republished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     outcome: Mapped[str | None] = mapped_column(String(40))  # applied, ignored, stale, duplicate_status, set_aside...
     tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # consumer runs; set aside past a bound
     last_error: Mapped[str | None] = mapped_column(String(80))  # why the last run failed: an error class, no content

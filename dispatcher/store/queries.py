@@ -514,16 +514,23 @@ def undecided_failures(session: Session, *, failed_before: datetime, limit: int)
     return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
-def unprocessed_deliveries(session: Session, *, received_before: datetime, limit: int) -> list[int]:
-    """Recorded webhook deliveries whose outcome task never finished (lost with a consumer)."""
-    return list(
+def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: datetime, limit: int) -> list[int]:
+    """Recorded webhook deliveries whose outcome task never finished (lost with a consumer), with no
+    news since ``quiet_since``: neither received nor published again after it. They are marked as
+    published again now, so each one goes to the queue at most once per grace period, however
+    often the sweep runs while the consumers are down."""
+    ids = list(
         session.scalars(
             select(WebhookDelivery.id)
-            .where(WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < received_before)
+            .where(WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < quiet_since,
+                   or_(WebhookDelivery.republished_at.is_(None), WebhookDelivery.republished_at < quiet_since))
             .order_by(WebhookDelivery.id)
             .limit(limit)
         )
     )
+    if ids:
+        session.execute(update(WebhookDelivery).where(WebhookDelivery.id.in_(ids)).values(republished_at=now))
+    return ids
 
 
 def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | None:

@@ -1,6 +1,7 @@
 """The tracking sweep (Celery beat): lost deliveries, unconfirmed attempts, delivery deadlines.
 
-1. Webhook deliveries recorded but never processed (their task was lost) are published again.
+1. Webhook deliveries recorded but never processed (their task was lost) are published again, each
+   at most once per ``DELIVERY_GRACE_S``, however often the sweep runs while consumers are down.
 2. Attempts still unconfirmed (accepted or sent) ``reconcile_after_s`` after their last news are
    read back from the message list, so a dropped webhook never leaves an outcome unknown.
 3. First attempts not delivered by their route's ``delivery_deadline_s`` are read back once more,
@@ -43,8 +44,9 @@ class SweepReport:
 def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
     report = SweepReport()
     now = ctx.clock()
-    with ctx.sessions() as session:
-        lost = store.unprocessed_deliveries(session, received_before=now - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH)
+    with ctx.sessions.begin() as session:
+        lost = store.take_lost_deliveries(session, quiet_since=now - timedelta(seconds=DELIVERY_GRACE_S), now=now,
+                                          limit=BATCH)
     for delivery_row_id in lost:
         publish_outcome(delivery_row_id)
         report.republished += 1

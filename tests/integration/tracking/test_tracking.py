@@ -406,6 +406,34 @@ def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_
             assert (row.outcome, row.tries, row.last_error) == ("set_aside", 4, "NotFound")
 
 
+def test_a_lost_delivery_is_published_again_at_most_once_per_grace_period(
+    context: SendContext, enqueuer: ListEnqueuer
+) -> None:
+    # given 100 recorded deliveries whose tasks were lost, and consumers that stay down
+    received = context.clock()
+    rows = record_deliveries(context.sessions, [
+        NewDelivery(f"lost-{n}", "message_created", {"event": "message_created", "message_id": 500000 + n}, received)
+        for n in range(100)
+    ])
+    published: list[int] = []
+    real_clock = context.clock
+
+    def sweep_at(seconds: float) -> int:
+        context.clock = lambda: received + timedelta(seconds=seconds)
+        try:
+            return tracking_sweep(context, enqueuer, published.append).republished
+        finally:
+            context.clock = real_clock
+
+    # when the sweep runs every 5 s for 100 s
+    counts = [sweep_at(seconds) for seconds in range(0, 101, 5)]
+    # then each delivery went to the queue once per 30 s of silence, not once per pass
+    assert counts[:7] == [0, 0, 0, 0, 0, 0, 0]  # within the first 30 s their own tasks may still run
+    assert sum(counts) == len(published) == 200  # at 35 s and at 70 s (once per pass, it would be 1,400)
+    assert counts[7] == counts[14] == 100
+    assert sorted(set(published)) == sorted(row for row in rows if row is not None)
+
+
 SHORT_WINDOW = FAST + "service_window_s = 0.3\n"  # the platform's window closes long before ours
 
 
