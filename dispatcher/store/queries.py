@@ -136,6 +136,15 @@ def add_notification(session: Session, notification: Notification, payload_body:
     return notification
 
 
+def serialize_route_intake(session: Session, route: str) -> None:
+    """Hold the route's intake lock until the transaction ends: a capped route's count and insert
+    then run one request at a time, across processes. PostgreSQL: a transaction-scoped advisory
+    lock on the route's name. SQLite: nothing to do, its write transactions begin IMMEDIATE."""
+    if session.get_bind().dialect.name == "postgresql":
+        lock_id = int.from_bytes(hashlib.sha256(f"route-intake:{route}".encode()).digest()[:8], "big", signed=True)
+        session.execute(select(func.pg_advisory_xact_lock(lock_id)))
+
+
 def count_recent_on_route(session: Session, route: str, *, since: datetime) -> int:
     query = select(func.count()).select_from(Notification).where(
         Notification.route == route, Notification.created_at >= since

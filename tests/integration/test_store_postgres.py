@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,3 +65,35 @@ def test_a_database_error_carries_no_statement_parameters(fresh_postgres_url: st
         engine.dispose()
     assert "+15550199999" not in str(raised.value) and "HIV" not in str(raised.value)
     assert "hidden" in str(raised.value).lower()  # SQLAlchemy says the parameters were hidden
+
+
+def test_a_capped_route_takes_exactly_its_cap_from_fifty_concurrent_hosts(
+    fresh_postgres_url: str, clean_environment: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dispatcher.enqueue import ListEnqueuer
+    from dispatcher.errors import InvalidEvent
+    from dispatcher.service import Dispatcher
+    from tests.support.dispatcher_setup import example_settings
+
+    upgrade_database(fresh_postgres_url)
+    dispatcher = Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=fresh_postgres_url),
+                            enqueuer=ListEnqueuer())
+    cap = dispatcher.settings.routes["web_session"].max_per_minute
+    assert cap == 10
+    start = threading.Barrier(50)
+
+    def hand_over(n: int) -> str:
+        start.wait()
+        try:
+            dispatcher.notify({"event_id": f"cap-{n}", "route": "web_session", "content": "Your visit is confirmed",
+                               "contact": {"identifier": f"p{n}", "phone_number": "+15550300099"}})
+        except InvalidEvent as refused:
+            assert refused.field == "route"
+            return "refused"
+        return "accepted"
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        results = list(pool.map(hand_over, range(50)))
+    assert (results.count("accepted"), results.count("refused")) == (cap, 50 - cap)
