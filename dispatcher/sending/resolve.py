@@ -23,20 +23,20 @@ class NotContactable(DispatcherError):
     """The workspace offers no binding between the contact and the route's inbox."""
 
 
-def contact_keys(contact: ContactDetails) -> list[str]:
-    """Identity keys, identifier first: the host's stable ID beats a phone number."""
+def contact_keys(contact: ContactDetails, *, key: bytes) -> list[str]:
+    """Identity keys (keyed hashes), identifier first: the host's stable ID beats a phone number."""
     keys = []
     if contact.identifier:
-        keys.append(store.identity_key(identifier=contact.identifier))
+        keys.append(store.identity_key(key=key, identifier=contact.identifier))
     if contact.phone_number:
-        keys.append(store.identity_key(phone_number=contact.phone_number))
+        keys.append(store.identity_key(key=key, phone_number=contact.phone_number))
     return keys
 
 
 def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int) -> tuple[int, str | None]:
     """The contact's id, and the source_id for ``inbox_id`` when createContact just returned it."""
     account_id = ctx.settings.account_id
-    keys = contact_keys(contact)
+    keys = contact_keys(contact, key=ctx.settings.hashing_key)
     with ctx.sessions() as session:
         for key in keys:
             known = store.known_contact_id(session, account_id=account_id, key=key)

@@ -313,7 +313,8 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
     if inbox is None:
         return job
     contact_id, source_id, conversation_id, window = store.cached_target(
-        session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact), inbox_id=inbox.id, now=now
+        session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
+        inbox_id=inbox.id, now=now
     )
     if contact_id is None or source_id is None or conversation_id is None:
         return job
@@ -481,7 +482,8 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
     if not isinstance(error, NotFound) or job.re_resolved:
         return None
     with ctx.sessions.begin() as session:
-        store.forget_contact(session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact))
+        store.forget_contact(session, account_id=ctx.settings.account_id,
+                             keys=contact_keys(job.contact, key=ctx.settings.hashing_key))
         if not moves.re_resolve(session, attempt_id=job.attempt_id, now=ctx.clock()):
             return None
     log.info("attempt %s: the workspace no longer has its contact or conversation (%s); resolving again",

@@ -71,12 +71,13 @@ _ATTEMPT_COLUMNS = (
 )
 
 
-def identity_key(*, identifier: str | None = None, phone_number: str | None = None) -> str:
-    """A stable key for a contact identity that does not store the phone number itself."""
+def identity_key(*, key: bytes, identifier: str | None = None, phone_number: str | None = None) -> str:
+    """A stable key for a contact identity: a keyed hash (HMAC-SHA256, the settings' hashing key),
+    so neither the phone number nor anything that could be enumerated back to it is stored."""
     kind, value = ("identifier", identifier) if identifier is not None else ("phone", phone_number)
     if value is None:
         raise ValueError("identity_key needs an identifier or a phone number")
-    return hashlib.sha256(f"{kind}\0{value}".encode()).hexdigest()
+    return hmac.new(key, f"{kind}\0{value}".encode(), hashlib.sha256).hexdigest()
 
 
 def event_key(event_id: str, *, key: bytes) -> str:
@@ -265,21 +266,32 @@ def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], 
         )
 
 
+SOURCE_ID_USED = "-"  # what is left of a source_id once its conversation exists
+
+
 def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> str | None:
-    return session.scalar(
+    """The pair's stored source_id; None when none is stored, or only the mark of a used one."""
+    stored = session.scalar(
         select(ContactInbox.source_id).where(
             _same_pair(ContactInbox, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
+    return None if stored == SOURCE_ID_USED else stored
 
 
 def remember_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int, source_id: str) -> str:
-    """Store the first source_id seen for the pair and return the stored one (maybe a racer's)."""
-    _insert_ignoring_conflict(
-        session,
-        ContactInbox,
-        {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id, "source_id": source_id},
-    )
+    """Store the first source_id seen for the pair (or replace the mark of a used one) and return the
+    stored one (maybe a racer's)."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    table = table_of(ContactInbox)
+    statement = insert(table).values(account_id=account_id, contact_id=contact_id, inbox_id=inbox_id,
+                                     source_id=source_id)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=[table.c.account_id, table.c.contact_id, table.c.inbox_id],
+        set_={"source_id": statement.excluded.source_id},
+        where=table.c.source_id == SOURCE_ID_USED,
+    ))
     stored = known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
     assert stored is not None
     return stored
@@ -334,10 +346,14 @@ def claim_conversation(
 
 
 def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
+    """Remember the pair's conversation, and forget its source_id: on SMS and platform inboxes it
+    is the phone number (or an e-mail address), and nothing needs it once the conversation exists
+    (a conversation the workspace loses is resolved again from a fresh listContactableInboxes)."""
     key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
     session.execute(
         update(ConversationLink).where(_same_pair(ConversationLink, **key)).values(conversation_id=conversation_id, claimed_until=None)
     )
+    session.execute(update(ContactInbox).where(_same_pair(ContactInbox, **key)).values(source_id=SOURCE_ID_USED))
 
 
 def release_conversation_claim(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> None:

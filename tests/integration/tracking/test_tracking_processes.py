@@ -25,6 +25,7 @@ from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
+from tests.support.store_scan import kept_anywhere
 from tests.support.worker_process import ProcessGroup, dispatcher_environment, fresh_broker_url, process_group, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -138,7 +139,9 @@ def test_every_outcome_ends_in_its_state_with_unruly_webhooks(stack_factory: Any
     with running_sandbox(UNRULY_WEBHOOKS) as sandbox:
         stack = stack_factory(sandbox, DISPATCHER_ROUTES=_routes(4.0))
         # Given recipients the sandbox delivers, fails with 131026, fails with 132000 and never confirms
-        stack.dispatcher.notify(reminder("ok-1", identifier="t-ok-1", phone="+15550501001"))
+        with_email = reminder("ok-1", identifier="t-ok-1", phone="+15550501001")
+        with_email["contact"]["email"] = "ann.patient@example.org"
+        stack.dispatcher.notify(with_email)
         stack.dispatcher.notify(reminder("ok-2", identifier="t-ok-2", phone="+15550501002"))
         stack.dispatcher.notify(reminder("undeliverable", identifier="t-131026", phone="+15550107101"))
         stack.dispatcher.notify(_results_request("template", "t-132000", "+15550501003"))
@@ -169,6 +172,13 @@ def test_every_outcome_ends_in_its_state_with_unruly_webhooks(stack_factory: Any
         assert _sms_messages_for(sandbox, "ok-1") == 0
         webhooks = sandbox.stats()["webhooks"]
         assert webhooks.get("duplicated", 0) > 0 and webhooks.get("reordered", 0) > 0, webhooks
+        # and, every send settled, no column keeps a phone number, an e-mail address, a name or a content
+        phones = ["+15550501001", "+15550501002", "+15550107101", "+15550501003", "+15550207102"]
+        contents = [message["content"] for message in sandbox.messages() if message.get("content")]
+        assert contents, "the scan must look for what was really sent"
+        needles = [*phones, *(phone.lstrip("+") for phone in phones), "ann.patient@example.org", "Test Patient",
+                   *contents]
+        assert kept_anywhere(stack.dispatcher.sessions, needles) == []
 
 
 def test_a_hundred_copies_of_one_failure_to_two_consumers_make_one_decision(stack_factory: Any) -> None:
