@@ -41,19 +41,25 @@ __all__ = [
 
 
 class NotificationStates(Collector):
-    """``dispatcher_notifications{state}``: counted in the store when scraped."""
+    """``dispatcher_notifications{state}`` and ``dispatcher_webhook_deliveries_set_aside``: counted in
+    the store when scraped."""
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from dispatcher.store.models import Notification
+        from dispatcher.store.models import Notification, WebhookDelivery
 
         family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
+        set_aside = GaugeMetricFamily("dispatcher_webhook_deliveries_set_aside",
+                                      "Webhook deliveries the consumer set aside (dispatcher deliveries list).")
         with self._sessions() as session:
             for state, count in session.execute(select(Notification.state, func.count()).group_by(Notification.state)):
                 family.add_metric([state], count)
+            set_aside.add_metric([], session.scalar(select(func.count()).select_from(WebhookDelivery)
+                                                    .where(WebhookDelivery.outcome == "set_aside")) or 0)
         yield family
+        yield set_aside
 
 
 def render(*extra: Collector) -> bytes:

@@ -586,3 +586,55 @@ def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: 
         .values(processed_at=now, outcome=outcome[:40])
     )
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+# --- deliveries set aside, for operators ----------------------------------------------------
+
+SET_ASIDE = "set_aside"
+DROPPED = "dropped_by_operator"
+
+
+@dataclass(frozen=True)
+class SetAsideDelivery:
+    """A webhook delivery the consumer could not apply within its tries: IDs and why, no content."""
+
+    row_id: int
+    delivery_id: str
+    event: str
+    received_at: datetime
+    tries: int
+    last_error: str | None
+
+
+def set_aside_deliveries(session: Session, *, limit: int) -> list[SetAsideDelivery]:
+    rows = session.execute(
+        select(WebhookDelivery.id, WebhookDelivery.delivery_id, WebhookDelivery.event, WebhookDelivery.received_at,
+               WebhookDelivery.tries, WebhookDelivery.last_error)
+        .where(WebhookDelivery.outcome == SET_ASIDE)
+        .order_by(WebhookDelivery.id)
+        .limit(limit)
+    )
+    return [SetAsideDelivery(*row) for row in rows]
+
+
+def retry_set_aside(session: Session, row_ids: Sequence[int]) -> list[int]:
+    """Make set-aside deliveries unprocessed again, with fresh tries: the tracking sweep publishes
+    them on its next pass. Returns the rows that were set aside (others are left alone)."""
+    deliveries = table_of(WebhookDelivery)
+    return list(session.scalars(
+        update(deliveries)
+        .where(deliveries.c.id.in_(list(row_ids)), deliveries.c.outcome == SET_ASIDE)
+        .values(processed_at=None, outcome=None, tries=0, republished_at=None)
+        .returning(deliveries.c.id)
+    ))
+
+
+def drop_set_aside(session: Session, row_ids: Sequence[int]) -> list[int]:
+    """Settle set-aside deliveries for good, as dropped by an operator (kept until retention)."""
+    deliveries = table_of(WebhookDelivery)
+    return list(session.scalars(
+        update(deliveries)
+        .where(deliveries.c.id.in_(list(row_ids)), deliveries.c.outcome == SET_ASIDE)
+        .values(outcome=DROPPED)
+        .returning(deliveries.c.id)
+    ))

@@ -104,7 +104,7 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
         delivery = store.load_delivery(session, delivery_row_id)
         assert delivery is not None
         if tries > ctx.settings.delivery_max_tries:
-            store.mark_delivery_processed(session, delivery_row_id, outcome="set_aside", now=ctx.clock())
+            store.mark_delivery_processed(session, delivery_row_id, outcome=store.SET_ASIDE, now=ctx.clock())
             last_error = delivery.last_error
         else:
             last_error = None

@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dispatcher.errors import DispatcherError
 from dispatcher.operations.cli.config_commands import config_group, inboxes_command
+from dispatcher.operations.cli.delivery_commands import deliveries_group
 from dispatcher.operations.cli.demo_command import demo_command
 from dispatcher.operations.cli.flower_command import flower_command
 from dispatcher.operations.cli.notification_commands import db_group, list_command, notify_command, status_command
@@ -62,7 +63,7 @@ cli.add_command(sandbox_command)
 cli.add_command(config_group)
 cli.add_command(inboxes_command)
 for command in (notify_command, status_command, list_command, db_group, worker_command, consumer_command, beat_command,
-                receiver_command, webhooks_group, flower_command):
+                receiver_command, webhooks_group, deliveries_group, flower_command):
     cli.add_command(command)
 
 

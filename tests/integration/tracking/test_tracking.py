@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 from dispatcher.api import NotFound
 from dispatcher.context import SendContext
@@ -23,6 +24,8 @@ from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
+from dispatcher.metrics import NotificationStates, render
+from dispatcher.operations.cli.main import cli
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, WebhookDelivery
@@ -30,6 +33,7 @@ from dispatcher.tracking.outcomes import apply_event
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary
+from tests.support.dispatcher_setup import EXAMPLE as EXAMPLE_CONFIG
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 
@@ -404,6 +408,32 @@ def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_
             row = session.get(WebhookDelivery, poison)
             assert row is not None
             assert (row.outcome, row.tries, row.last_error) == ("set_aside", 4, "NotFound")
+
+        # and an operator sees it (IDs and the error's class), in a metric too, and acts on it
+        def dispatcher_cli(*args: str) -> str:
+            env = {"DISPATCHER_CONFIG": str(EXAMPLE_CONFIG), "DISPATCHER_DATABASE_URL": ctx.settings.database_url}
+            result = CliRunner().invoke(cli, list(args), env=env)
+            assert result.exit_code == 0, result.output
+            return result.output
+
+        listed = dispatcher_cli("deliveries", "list")
+        assert f"{poison:>8}" in listed and "poison-1" in listed and "NotFound" in listed
+        assert "dispatcher_webhook_deliveries_set_aside 1.0" in render(NotificationStates(ctx.sessions)).decode()
+        assert dispatcher_cli("deliveries", "retry", str(poison)) == f"retried: {poison}\n"
+        with ctx.sessions.begin() as session:  # the tracking sweep's next pass publishes it again
+            quiet = ctx.clock() + timedelta(seconds=31)
+            assert store.take_lost_deliveries(session, quiet_since=quiet, now=quiet, limit=10) == [poison]
+        for _ in range(ctx.settings.delivery_max_tries):  # the cause is still there: set aside again after fresh tries
+            with pytest.raises(NotFound):
+                process_delivery(poison, ctx, enqueuer)
+        assert process_delivery(poison, ctx, enqueuer) == "set_aside"
+        assert dispatcher_cli("deliveries", "drop", str(poison)) == f"dropped: {poison}\n"
+        assert dispatcher_cli("deliveries", "list") == "no delivery is set aside\n"
+        assert "dispatcher_webhook_deliveries_set_aside 0.0" in render(NotificationStates(ctx.sessions)).decode()
+        refused = CliRunner().invoke(cli, ["deliveries", "retry", str(poison)],
+                                     env={"DISPATCHER_CONFIG": str(EXAMPLE_CONFIG),
+                                          "DISPATCHER_DATABASE_URL": ctx.settings.database_url})
+        assert refused.exit_code == 2 and "not set aside" in refused.output
 
 
 def test_a_lost_delivery_is_published_again_at_most_once_per_grace_period(
