@@ -10,6 +10,7 @@ import logging
 from datetime import timedelta
 
 from celery import Task
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dispatcher.context import Wait
 from dispatcher.metrics import SEND_RESULTS
@@ -25,13 +26,29 @@ from workers.app import app
 log = logging.getLogger(__name__)
 
 
+# While the database does not answer, a task tries again after 1, 2, 4, 8, then every 10 s, and
+# so goes on within seconds of its return, instead of waiting for the sweep (stale_after_s, 5
+# minutes). Past an hour of this it ends, logged, and the sweep takes the row up later.
+STORE_RETRY_CAP_S = 10.0
+STORE_RETRY_BUDGET = 360
+
+
+def _store_unavailable(task: Task, what: str, error: Exception) -> Exception:
+    countdown = min(2.0 ** min(task.request.retries, 10), STORE_RETRY_CAP_S)
+    log.warning("%s: the database did not answer (%s); trying again in %.0f s", what, type(error).__name__, countdown)
+    retry: Exception = task.retry(countdown=countdown, max_retries=STORE_RETRY_BUDGET)
+    return retry
+
+
 @app.task(name=SEND_TASK, bind=True, max_retries=None)
 def send(self: Task, notification_id: int) -> str:
     """Send one notification's current attempt (at least once; at most one message)."""
     context = runtime.send_context()
-    result = send_notification(int(notification_id), context)
-    SEND_RESULTS.labels(result=result.outcome.value).inc()
-    if result.outcome is Outcome.RETRY:
+    try:
+        result = send_notification(int(notification_id), context)
+        SEND_RESULTS.labels(result=result.outcome.value).inc()
+        if result.outcome is not Outcome.RETRY:
+            return result.outcome.value
         # The reason names operations, statuses and error kinds only: never content or contacts.
         log.info("notification %s: retry in %.1fs (%s)", notification_id, result.delay_s, result.reason)
         if result.deferred:  # the send path says when a wait is too long for a broker countdown
@@ -41,8 +58,9 @@ def send(self: Task, notification_id: int) -> str:
         countdown = max(result.delay_s, 0.05)
         with context.sessions.begin() as session:
             store.expect_run(session, int(notification_id), at=context.clock() + timedelta(seconds=countdown))
-        raise self.retry(countdown=countdown, max_retries=None)
-    return result.outcome.value
+    except (OperationalError, InterfaceError) as error:
+        raise _store_unavailable(self, f"notification {notification_id}", error) from None
+    raise self.retry(countdown=countdown, max_retries=None)
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
@@ -64,6 +82,8 @@ def outcome(self: Task, delivery_row_id: int) -> str:
         return process_delivery(int(delivery_row_id), runtime.send_context(), runtime.enqueuer())
     except Wait as wait:
         raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
+    except (OperationalError, InterfaceError) as error:
+        raise _store_unavailable(self, f"webhook delivery {delivery_row_id}", error) from None
 
 
 @app.task(name=TRACKING_SWEEP_TASK, ignore_result=True)

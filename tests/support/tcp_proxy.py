@@ -1,0 +1,91 @@
+"""A TCP proxy on loopback whose link can be cut: a database outage without stopping the database.
+
+``cut()`` closes every open connection and refuses new ones (the client sees its connection reset,
+then "connection refused"-like failures); ``restore()`` lets connections through again. The
+database behind it stays up and is shared, so only the processes that connect through the proxy
+live through the outage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+from tests.support.sandbox_process import free_port
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.2)
+        self._open = threading.Event()
+        self._open.set()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
+        self._thread.start()
+
+    def cut(self) -> None:
+        self._open.clear()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+    def restore(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self.cut()
+        self._listener.close()
+        self._thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            if not self._open.is_set():
+                client.close()  # the link is down: the client's connect fails at once
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets |= {client, upstream}
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):  # the other direction's pump ends too, and both are closed
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with self._lock:
+                self._sockets -= {source, sink}
+
+
+@contextlib.contextmanager
+def tcp_proxy(target_host: str, target_port: int) -> Iterator[TcpProxy]:
+    proxy = TcpProxy(target_host, target_port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
