@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 SEND_LATENCY = Histogram(
@@ -53,11 +54,20 @@ class NotificationStates(Collector):
         family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
         set_aside = GaugeMetricFamily("dispatcher_webhook_deliveries_set_aside",
                                       "Webhook deliveries the consumer set aside (dispatcher deliveries list).")
-        with self._sessions() as session:
-            for state, count in session.execute(select(Notification.state, func.count()).group_by(Notification.state)):
-                family.add_metric([state], count)
-            set_aside.add_metric([], session.scalar(select(func.count()).select_from(WebhookDelivery)
-                                                    .where(WebhookDelivery.outcome == "set_aside")) or 0)
+        store_up = GaugeMetricFamily("dispatcher_store_up", "1 when the store answered this scrape, else 0.")
+        try:
+            with self._sessions() as session:
+                for state, count in session.execute(select(Notification.state, func.count())
+                                                    .group_by(Notification.state)):
+                    family.add_metric([state], count)
+                set_aside.add_metric([], session.scalar(select(func.count()).select_from(WebhookDelivery)
+                                                        .where(WebhookDelivery.outcome == "set_aside")) or 0)
+        except SQLAlchemyError:  # the process's own metrics still answer while the store is away
+            store_up.add_metric([], 0)
+            yield store_up
+            return
+        store_up.add_metric([], 1)
+        yield store_up
         yield family
         yield set_aside
 

@@ -124,6 +124,13 @@ class Settings(BaseSettings):
     webhook_header_prefix: str = "auto"
     webhook_replay_window_s: int = Field(default=300, gt=0, le=3600)
     webhook_max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # A body not fully read within this many seconds is refused (408): slow senders are not held.
+    receiver_body_timeout_s: float = Field(default=10.0, gt=0)
+    # A delivery whose store write has not answered within this many seconds is answered 503 (the
+    # write may still land later; a repeat is recognised by its delivery ID).
+    receiver_store_timeout_s: float = Field(default=10.0, gt=0)
+    # Connections the receiver serves at once; more are answered 503 at once (uvicorn's limit).
+    receiver_max_connections: int = Field(default=1000, gt=0)
     webhook_path: str = "/webhooks/messaging"
 
     # HTTP intake (POST /v1/notifications beside the receiver): off while no token is set.

@@ -10,13 +10,18 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # several worker processes share one file: wait for the lock, don't fail
+PG_CONNECT_TIMEOUT_S = 5
+PG_STATEMENT_TIMEOUT_MS = 30_000
+PG_LOCK_TIMEOUT_MS = 10_000
+PG_POOL_TIMEOUT_S = 10  # waiting for a free pooled connection
 
 
-def make_engine(database_url: str, **options: Any) -> Engine:
+def make_engine(database_url: str, *, statement_timeout: bool = True, **options: Any) -> Engine:
     """An engine with the settings each backend needs for several processes writing at once.
 
     ``hide_parameters``: a statement's parameters (contents, contact details) never appear in the
-    text of a database error, which may reach a log, a traceback or Flower."""
+    text of a database error, which may reach a log, a traceback or Flower. ``statement_timeout``
+    False: no statement limit (migrations, which may rewrite a large table)."""
     options.setdefault("hide_parameters", True)
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
@@ -26,7 +31,12 @@ def make_engine(database_url: str, **options: Any) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
-    return create_engine(url, pool_pre_ping=True, **options)
+    # Bounded waits: a database that does not answer fails a connect in 5 s, a statement is
+    # cancelled after 30 s and a lock wait after 10 s, so no process hangs on a frozen store.
+    statement_ms = PG_STATEMENT_TIMEOUT_MS if statement_timeout else 0
+    connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S,
+                    "options": f"-c statement_timeout={statement_ms} -c lock_timeout={PG_LOCK_TIMEOUT_MS}"}
+    return create_engine(url, pool_pre_ping=True, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args, **options)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

@@ -21,7 +21,7 @@ def upgrade_database(database_url: str, revision: str = "head") -> None:
     """Create or upgrade every table; safe to run again (Alembic records what it applied)."""
     from dispatcher.store.db import make_engine
 
-    engine = make_engine(database_url)
+    engine = make_engine(database_url, statement_timeout=False)
     try:
         with engine.begin() as connection:
             config = alembic_config(database_url)

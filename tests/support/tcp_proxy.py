@@ -1,7 +1,9 @@
 """A TCP proxy on loopback whose link can be cut: a database outage without stopping the database.
 
 ``cut()`` closes every open connection and refuses new ones (the client sees its connection reset,
-then "connection refused"-like failures); ``restore()`` lets connections through again. The
+then "connection refused"-like failures); ``freeze()`` keeps every connection open but passes no
+byte either way (a database that hangs: only timeouts end a wait); ``restore()`` lets connections
+through again. The
 database behind it stays up and is shared, so only the processes that connect through the proxy
 live through the outage.
 """
@@ -24,6 +26,8 @@ class TcpProxy:
         self._listener.settimeout(0.2)
         self._open = threading.Event()
         self._open.set()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
@@ -39,11 +43,16 @@ class TcpProxy:
                 sock.close()
             self._sockets.clear()
 
+    def freeze(self) -> None:
+        self._flowing.clear()
+
     def restore(self) -> None:
+        self._flowing.set()
         self._open.set()
 
     def close(self) -> None:
         self._stopping.set()
+        self._flowing.set()
         self.cut()
         self._listener.close()
         self._thread.join(timeout=5)
@@ -70,6 +79,9 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while chunk := source.recv(65536):
+                while not self._flowing.wait(timeout=0.1):  # frozen: hold the bytes
+                    if self._stopping.is_set() or not self._open.is_set():
+                        return
                 sink.sendall(chunk)
         except OSError:
             pass

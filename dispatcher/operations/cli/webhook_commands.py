@@ -34,18 +34,21 @@ def receiver_log_config() -> dict[str, Any]:
 def receiver_command(host: str, port: int, workers: int) -> None:
     """Run the webhook receiver: verify, record and queue signed deliveries.
 
-    It answers POST on the configured webhook_path (default /webhooks/messaging) and GET
-    /healthz. uvicorn's access log is off and its log level is warning; refusals are logged
-    with their reason and delivery ID only. Put it behind TLS for a real workspace.
+    It answers POST on the configured webhook_path (default /webhooks/messaging), GET /healthz
+    (the process runs), GET /readyz (the database and the broker answer) and GET /metrics.
+    uvicorn's access log is off and its log level is warning; refusals are logged with their
+    reason and delivery ID only. Put it behind TLS for a real workspace.
 
     \b
     Examples:
       DISPATCHER_WEBHOOK_SECRETS=... dispatcher receiver --host 127.0.0.1 --port 8080
       dispatcher receiver --port 8080 --workers 2
     """
-    load_settings()  # fail now, naming the key, rather than in every worker
+    settings = load_settings()  # fail now, naming the key, rather than in every worker
+    # limit_concurrency: past it uvicorn answers 503 at once; timeout_keep_alive closes idle connections.
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, access_log=False,
-                log_level="warning", log_config=receiver_log_config(), server_header=False)
+                log_level="warning", log_config=receiver_log_config(), server_header=False,
+                limit_concurrency=settings.receiver_max_connections, timeout_keep_alive=5)
 
 
 @click.group("webhooks")

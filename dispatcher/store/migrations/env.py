@@ -17,7 +17,7 @@ def run_migrations_online() -> None:
     if connectable is not None:
         _run(connectable)
         return
-    engine = make_engine(config.get_main_option("sqlalchemy.url") or "")
+    engine = make_engine(config.get_main_option("sqlalchemy.url") or "", statement_timeout=False)
     try:
         with engine.connect() as connection:
             _run(connection)

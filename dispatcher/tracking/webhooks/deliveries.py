@@ -86,6 +86,15 @@ class CeleryOutcomePublisher:
     def __call__(self, row_id: int) -> None:
         self.publish_many([row_id])
 
+    def broker_answers(self) -> bool:
+        """Whether a connection to the broker can be made now (1 s at most): for readiness."""
+        try:
+            with self._app.connection_for_write() as connection:
+                connection.connect()
+        except Exception:  # any transport's refusal means "not ready"; the reason is not ours to echo
+            return False
+        return True
+
     def publish_many(self, row_ids: Sequence[int]) -> None:
         """Publish one task per row ID; raises if the broker refuses (none may have been sent)."""
         if not row_ids:

@@ -29,6 +29,7 @@ delivery ID (when well formed), never the body, a header's other values or a sec
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -38,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
@@ -68,6 +70,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     """The receiver app. ``sessions`` defaults to the settings' database, ``publish`` to a Celery
     producer on the settings' broker; ``clock`` (unix seconds) is "now" for the replay window."""
     secrets = [secret.get_secret_value() for secret in settings.webhook_secrets]
+    body_timeout_s, store_timeout_s = settings.receiver_body_timeout_s, settings.receiver_store_timeout_s
     prefixes = settings.webhook_header_prefixes
     window_s, limit = settings.webhook_replay_window_s, settings.webhook_max_body_bytes
     delivery_headers = [f"x-{prefix.lower()}-delivery" for prefix in prefixes]
@@ -97,7 +100,10 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
     async def receive(request: Request) -> Response:
         try:
-            body = await _read_body(request, limit)
+            try:
+                body = await asyncio.wait_for(_read_body(request, limit), timeout=body_timeout_s)
+            except TimeoutError:
+                raise WebhookRejected("body_timeout", status_code=408) from None
             now = clock()
             verified = verify_delivery(request.headers, body, secrets=secrets, prefixes=prefixes,
                                        window_s=window_s, now=now)
@@ -108,10 +114,17 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             log.warning("webhook delivery %s refused: %s (%d)",
                         delivery_id if DELIVERY_ID.fullmatch(delivery_id) else "-", refusal.reason, refusal.status_code)
             return _refusal(refusal.reason, refusal.status_code)
+        if writer.waiting > MAX_WAITING_WRITES:  # the store is stuck: refuse at once, hold nothing more
+            WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
+            return _refusal("store_unavailable", 503)
+        # A frozen store must not hold the request: past the timeout it is answered 503; its
+        # write stays queued and may still land (a repeat is recognised by its delivery ID).
+        write = asyncio.ensure_future(writer.submit(NewDelivery(
+            verified.delivery_id, summary.event, summary.model_dump(mode="json"), datetime.fromtimestamp(now, UTC))))
         try:
-            answer = await writer.submit(NewDelivery(verified.delivery_id, summary.event,
-                                                     summary.model_dump(mode="json"), datetime.fromtimestamp(now, UTC)))
-        except SQLAlchemyError as error:
+            answer = await asyncio.wait_for(asyncio.shield(write), timeout=store_timeout_s)
+        except (SQLAlchemyError, TimeoutError) as error:
+            write.add_done_callback(_forget_outcome)
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
             return _refusal("store_unavailable", 503)
@@ -119,16 +132,29 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         return Response(answer, media_type="application/json")
 
     async def healthz(request: Request) -> Response:
+        """Liveness: the process answers. Never depends on the store or the broker."""
         return Response(b'{"status":"ok"}', media_type="application/json")
+
+    async def readyz(request: Request) -> Response:
+        """Readiness: the store and the broker answer now (each within a bound)."""
+        checks = {"database": _store_answers(store), "broker": _broker_answers(send)}
+        results = await asyncio.gather(*(_within(READY_CHECK_TIMEOUT_S, check) for check in checks.values()))
+        verdicts = {name: "ok" if ok else "down" for name, ok in zip(checks, results, strict=True)}
+        return Response(json.dumps(verdicts).encode(), status_code=200 if all(results) else 503,
+                        media_type="application/json")
 
     states = NotificationStates(store)
 
     async def metrics(request: Request) -> Response:
-        body = await run_in_threadpool(render, states)
+        """This process's metrics always; the store's counts only when it answers in time."""
+        try:
+            body = await asyncio.wait_for(run_in_threadpool(render, states), timeout=READY_CHECK_TIMEOUT_S)
+        except TimeoutError:
+            body = await run_in_threadpool(render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     routes = [Route(settings.webhook_path, receive, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+              Route("/readyz", readyz, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     if settings.intake_token is not None:
         # HTTP intake for hosts not written in Python, beside the receiver (docs/http-intake.md).
         from dispatcher.intake.http import create_intake_routes
@@ -202,6 +228,39 @@ def _summary(body: bytes) -> EventSummary:
     if summary is None:
         raise WebhookRejected("malformed_body", status_code=400)
     return summary
+
+
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+def _forget_outcome(write: asyncio.Future[bytes]) -> None:
+    """A late write's outcome, after its request was answered 503: consumed, so nothing is left unretrieved."""
+    if not write.cancelled():
+        write.exception()
+MAX_WAITING_WRITES = 10_000  # deliveries queued for a store that does not answer; past it, 503 at once
+
+
+async def _within(timeout_s: float, check: Callable[[], bool]) -> bool:
+    try:
+        return await asyncio.wait_for(run_in_threadpool(check), timeout=timeout_s)
+    except TimeoutError:
+        return False
+
+
+def _store_answers(sessions: sessionmaker[Session]) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with sessions() as session:
+                session.execute(text("SELECT 1"))
+        except SQLAlchemyError:
+            return False
+        return True
+    return check
+
+
+def _broker_answers(publish: Publish) -> Callable[[], bool]:
+    answers = getattr(publish, "broker_answers", None)
+    return answers if callable(answers) else (lambda: True)  # a publisher without a broker: nothing to ask
 
 
 def _publish(publish: Publish, rows: dict[str, int]) -> None:

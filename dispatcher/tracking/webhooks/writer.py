@@ -28,6 +28,11 @@ class GroupWriter(Generic[ItemT, ResultT]):
         self._pending: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
         self._drainer: asyncio.Task[None] | None = None
 
+    @property
+    def waiting(self) -> int:
+        """Items submitted and not yet taken into a batch."""
+        return len(self._pending)
+
     async def submit(self, item: ItemT) -> ResultT:
         future: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
