@@ -5,9 +5,11 @@ Only settled notifications (delivered, read, failed) whose last change is older 
 waiting for its send, is never deleted. Each purged event ID leaves a keyed hash
 (:class:`~dispatcher.store.models.SpentEvent`, no content) for ``event_id_spent_days``, so the
 same event handed over again is refused instead of sent twice. Webhook deliveries and applied
-statuses older than the period go too. Content and contact details never live that long
-(payloads go as soon as no send can need them); content hashes of accepted attempts are cleared
-at acceptance, and the task clears any left over (an attempt accepted by an older version).
+statuses older than the period go too, and the bindings (identity hash, source_id, conversation,
+service window) of contacts resolved before the period that no notification left was sent to.
+Content and contact details never live that long (payloads go as soon as no send can need them);
+content hashes of accepted attempts are cleared at acceptance, and the task clears any left over
+(an attempt accepted by an older version).
 """
 
 from __future__ import annotations
@@ -20,7 +22,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, SETTLED_NOTIFICATION_STATES
-from dispatcher.store.models import AppliedStatus, Attempt, Notification, Payload, SpentEvent, WebhookDelivery, table_of
+from dispatcher.store.models import (
+    AppliedStatus,
+    Attempt,
+    ContactInbox,
+    ConversationLink,
+    KnownContact,
+    Notification,
+    Payload,
+    ServiceWindow,
+    SpentEvent,
+    WebhookDelivery,
+    table_of,
+)
 from dispatcher.store.queries import event_key
 
 BATCH = 1000  # rows a statement; short transactions, so senders are never held up for long
@@ -33,6 +47,7 @@ class RetentionReport:
     applied_statuses: int = 0
     content_hashes: int = 0
     spent_events_expired: int = 0
+    contacts_forgotten: int = 0
 
 
 def purge(sessions: sessionmaker[Session], *, retention_days: float, now: datetime, hashing_key: bytes,
@@ -74,7 +89,25 @@ def purge(sessions: sessionmaker[Session], *, retention_days: float, now: dateti
         report.spent_events_expired = _count(session.execute(
             delete(table_of(SpentEvent)).where(table_of(SpentEvent).c.spent_until <= now)
         ))
+    with sessions.begin() as session:
+        report.contacts_forgotten = _forget_unused_contacts(session, cutoff)
     return report
+
+
+def _forget_unused_contacts(session: Session, cutoff: datetime) -> int:
+    """Forget the bindings of contacts first resolved before the cut-off that no notification left
+    in the store was sent to: their identity hashes, source_ids, conversations and service windows.
+    A later notification to one of them finds it again with one search."""
+    known, attempts = table_of(KnownContact), table_of(Attempt)
+    still_used = select(attempts.c.contact_id).where(attempts.c.contact_id.is_not(None))
+    stale = list(session.scalars(
+        select(known.c.contact_id).where(known.c.created_at < cutoff, known.c.contact_id.not_in(still_used)).distinct()
+    ))
+    for model in (KnownContact, ContactInbox, ConversationLink, ServiceWindow):
+        table = table_of(model)
+        for start in range(0, len(stale), BATCH):
+            session.execute(delete(table).where(table.c.contact_id.in_(stale[start:start + BATCH])))
+    return len(stale)
 
 
 def _spend(session: Session, keys: list[str], spent_until: datetime) -> None:

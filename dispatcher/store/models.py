@@ -152,6 +152,9 @@ class KnownContact(Base):
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     identity_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     contact_id: Mapped[int] = mapped_column(BigInteger)
+    # when the contact was first resolved: retention forgets a contact's bindings once this is past
+    # the period and no notification left in the store was sent to it
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class ContactInbox(Base):

@@ -262,7 +262,8 @@ def known_contact_id(session: Session, *, account_id: int, key: str) -> int | No
 def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], contact_id: int) -> None:
     for key in keys:
         _insert_ignoring_conflict(
-            session, KnownContact, {"account_id": account_id, "identity_key": key, "contact_id": contact_id}
+            session, KnownContact, {"account_id": account_id, "identity_key": key, "contact_id": contact_id,
+                                    "created_at": utcnow()}
         )
 
 

@@ -125,3 +125,23 @@ def test_a_purged_event_stays_spent_as_a_keyed_hash_and_is_refused_when_handed_o
           spent_days=settings.event_id_spent_days)
     with dispatcher.sessions() as session:
         assert session.scalar(select(func.count()).select_from(SpentEvent)) == 0
+
+
+def test_bindings_of_contacts_no_notification_left_uses_are_forgotten(sessions: sessionmaker[Session]) -> None:
+    from dispatcher.store.models import ContactInbox, ConversationLink, KnownContact, ServiceWindow
+
+    old, recent = NOW - timedelta(days=31), NOW - timedelta(days=1)
+    with sessions.begin() as session:
+        in_use = _notification(session, "still-waiting", old, "sent")  # its attempt went to contact 1
+        session.execute(update(Attempt).where(Attempt.notification_id == in_use).values(contact_id=1))
+        for contact_id, resolved_at in ((1, old), (2, old), (3, recent)):
+            session.add(KnownContact(account_id=1, identity_key=f"k{contact_id}", contact_id=contact_id,
+                                     created_at=resolved_at))
+            session.add(ContactInbox(account_id=1, contact_id=contact_id, inbox_id=1, source_id="-"))
+            session.add(ConversationLink(account_id=1, contact_id=contact_id, inbox_id=1, conversation_id=contact_id))
+            session.add(ServiceWindow(account_id=1, contact_id=contact_id, inbox_id=1, last_incoming_at=resolved_at))
+    report = _purge(sessions)
+    with sessions() as session:
+        for model in (KnownContact, ContactInbox, ConversationLink, ServiceWindow):
+            assert sorted(session.scalars(select(model.contact_id))) == [1, 3], model.__name__
+    assert report.contacts_forgotten == 1  # type: ignore[attr-defined]
