@@ -16,6 +16,9 @@ MAINTENANCE_QUEUE = "dispatcher.maintenance"
 SEND_TASK = "dispatcher.send"
 SWEEP_TASK = "dispatcher.sweep"
 OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row ID
+# one message whose delivery report the receiver could not record (its store was away), by its
+# message ID: read its state back from the workspace once the store answers again
+READ_BACK_TASK = "dispatcher.read_back"
 TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
 RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period
 

@@ -13,6 +13,7 @@ from dispatcher.queues import (
     MAINTENANCE_QUEUE,
     OUTCOME_TASK,
     OUTCOMES_QUEUE,
+    READ_BACK_TASK,
     RETENTION_TASK,
     SEND_QUEUE,
     SEND_TASK,
@@ -46,6 +47,7 @@ def create_app(settings: Settings) -> Celery:
         task_routes={
             SEND_TASK: {"queue": SEND_QUEUE},
             OUTCOME_TASK: {"queue": OUTCOMES_QUEUE},
+            READ_BACK_TASK: {"queue": OUTCOMES_QUEUE},
             SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             TRACKING_SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             RETENTION_TASK: {"queue": MAINTENANCE_QUEUE},

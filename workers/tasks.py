@@ -16,9 +16,10 @@ from dispatcher.context import Wait
 from dispatcher.metrics import SEND_RESULTS
 from dispatcher.operations.retention import purge
 from dispatcher.operations.sweep import sweep as run_sweep
-from dispatcher.queues import OUTCOME_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.queues import OUTCOME_TASK, READ_BACK_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
+from dispatcher.tracking.outcomes import read_back_message
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from workers import runtime
 from workers.app import app
@@ -84,6 +85,17 @@ def outcome(self: Task, delivery_row_id: int) -> str:
         raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
     except (OperationalError, InterfaceError) as error:
         raise _store_unavailable(self, f"webhook delivery {delivery_row_id}", error) from None
+
+
+@app.task(name=READ_BACK_TASK, bind=True, ignore_result=True, max_retries=None)
+def read_back(self: Task, message_id: int) -> str:
+    """Read one message's state back: its report came while the store was away (the receiver asks)."""
+    try:
+        return read_back_message(int(message_id), runtime.send_context(), runtime.enqueuer())
+    except Wait as wait:
+        raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
+    except (OperationalError, InterfaceError) as error:
+        raise _store_unavailable(self, f"read-back of message {message_id}", error) from None
 
 
 @app.task(name=TRACKING_SWEEP_TASK, ignore_result=True)

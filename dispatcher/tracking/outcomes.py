@@ -308,6 +308,17 @@ def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
     return apply_outcome(found, ctx, enqueuer)
 
 
+def read_back_message(message_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """Read one message's state back now: its report reached the receiver while the store was away
+    and was not recorded (a stock workspace never sends it again)."""
+    with ctx.sessions() as session:
+        attempt = store.attempt_by_message(session, message_id)
+        attempt_id = attempt.id if attempt is not None else None
+    if attempt_id is None:
+        return "ignored_not_ours"
+    return reconcile_attempt(attempt_id, ctx, enqueuer)
+
+
 def attempts_to_reconcile(ctx: SendContext, *, limit: int) -> list[int]:
     """Attempts due for a read back: not yet read or failed, still the notification's current
     attempt with no fallback decided, and within their horizon (their next read is set)."""

@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, broker_transport_options
+from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, READ_BACK_TASK, broker_transport_options
 from dispatcher.store.models import WebhookDelivery, table_of
 
 Publish = Callable[[int], None]
@@ -97,16 +97,22 @@ class CeleryOutcomePublisher:
 
     def publish_many(self, row_ids: Sequence[int]) -> None:
         """Publish one task per row ID; raises if the broker refuses (none may have been sent)."""
-        if not row_ids:
+        self._publish_tasks(OUTCOME_TASK, [(row_id, f"(delivery={row_id})") for row_id in row_ids])
+
+    def publish_read_backs(self, message_ids: Sequence[int]) -> None:
+        """Ask for these messages to be read back (their reports could not be recorded)."""
+        self._publish_tasks(READ_BACK_TASK, [(message_id, f"(message={message_id})") for message_id in message_ids])
+
+    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int, str]]) -> None:
+        if not calls:
             return
         with self._app.producer_or_acquire() as producer:
             batch = producer.batch() if hasattr(producer, "batch") else contextlib.nullcontext()
             with batch:
-                for row_id in row_ids:
+                for argument, shown in calls:
                     task_id = str(uuid.uuid4())
                     headers, properties, body, _ = self._app.amqp.as_task_v2(
-                        task_id, OUTCOME_TASK, args=[row_id], kwargs={},
-                        argsrepr=f"(delivery={row_id})", kwargsrepr="{}")
+                        task_id, task_name, args=[argument], kwargs={}, argsrepr=shown, kwargsrepr="{}")
                     producer.publish(body, exchange="", routing_key=OUTCOMES_QUEUE, serializer="json",
                                      headers=headers, delivery_mode=2, retry=False,
                                      declare=[] if self._declared else [self._queue], **properties)

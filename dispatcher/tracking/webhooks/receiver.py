@@ -127,6 +127,9 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             write.add_done_callback(_forget_outcome)
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
+            # A stock workspace never sends it again: have the message read back as soon as the
+            # store answers (by its ID only), instead of at the next scheduled read-back.
+            await run_in_threadpool(_ask_read_back, send, summary.message_id)
             return _refusal("store_unavailable", 503)
         WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
         return Response(answer, media_type="application/json")
@@ -261,6 +264,16 @@ def _store_answers(sessions: sessionmaker[Session]) -> Callable[[], bool]:
 def _broker_answers(publish: Publish) -> Callable[[], bool]:
     answers = getattr(publish, "broker_answers", None)
     return answers if callable(answers) else (lambda: True)  # a publisher without a broker: nothing to ask
+
+
+def _ask_read_back(publish: Publish, message_id: int | None) -> None:
+    read_back = getattr(publish, "publish_read_backs", None)
+    if message_id is None or read_back is None:
+        return
+    try:
+        read_back([message_id])
+    except Exception as error:  # the broker is away too: the scheduled read-back still comes
+        log.warning("could not ask for message %s to be read back: %s", message_id, type(error).__name__)
 
 
 def _publish(publish: Publish, rows: dict[str, int]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
@@ -26,6 +27,7 @@ from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.store_scan import kept_anywhere
+from tests.support.tcp_proxy import tcp_proxy
 from tests.support.worker_process import ProcessGroup, dispatcher_environment, fresh_broker_url, process_group, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -74,15 +76,18 @@ def stack_factory(
 ) -> Iterator[Any]:
     opened: list[Any] = []
 
-    def open_stack(sandbox: SandboxProcess, *, consumers: int = 2, **overrides: str) -> Stack:
+    def open_stack(sandbox: SandboxProcess, *, consumers: int = 2, database_url: str | None = None,
+                   **overrides: str) -> Stack:
+        """``database_url``: where the processes find the store (a proxy, say); the host's own
+        Dispatcher always uses the store directly."""
         broker_url = fresh_broker_url(redis_url)
         upgrade_database(fresh_postgres_url)
         receiver_port = free_port()
         env = dispatcher_environment(
-            api_url=sandbox.base_url, database_url=fresh_postgres_url, broker_url=broker_url,
+            api_url=sandbox.base_url, database_url=database_url or fresh_postgres_url, broker_url=broker_url,
             DISPATCHER_TEMPLATES=json.dumps(TEMPLATES), **overrides,
         )
-        settings = _settings(env)
+        settings = _settings({**env, "DISPATCHER_DATABASE_URL": fresh_postgres_url})
         with WorkspaceClient.from_settings(settings) as client:
             webhook = client.create_webhook(
                 url=f"http://127.0.0.1:{receiver_port}{settings.webhook_path}", subscriptions=["message_created", "message_updated"]
@@ -271,3 +276,37 @@ def test_tracking_a_stock_workspace_costs_at_most_one_status_read_per_message(st
     print(f"\n[reads] {reads} listMessages calls for {len(events)} messages: {reads / len(events):.2f} a message")
     assert stats["webhooks"]["delivered"] >= 3 * len(events)
     assert reads <= len(events)
+
+
+SLOW_READ = """
+[behaviour]
+delivered_after_s = 0.2
+read_after_s = 6.0
+"""
+
+
+def test_a_report_that_came_while_the_store_was_away_is_read_back_within_seconds(
+    stack_factory: Any, fresh_postgres_url: str
+) -> None:
+    """A stock workspace never sends a refused report again. The receiver, refusing it because its
+    store is away, asks for the message to be read back; the read comes within seconds of the
+    store's return, not at the next scheduled read-back (a minute after the last news)."""
+    direct = sa.engine.make_url(fresh_postgres_url)
+    with tcp_proxy(direct.host or "127.0.0.1", direct.port or 5432) as proxy, running_sandbox(SLOW_READ) as sandbox:
+        through_proxy = direct.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        stack = stack_factory(sandbox, consumers=1, database_url=through_proxy)
+        assert stack.dispatcher.settings.reconcile_after_s >= 60  # the scheduled read-back is far off
+        stack.dispatcher.notify(reminder("away-1", identifier="t-away", phone="+15550501101"))
+        wait_until(lambda: stack.status("away-1").state == "delivered", timeout_s=30, what="delivered")
+        message_id = stack.status("away-1").message_id
+
+        proxy.cut()  # the store goes away; the read report arrives meanwhile and is refused
+        wait_until(lambda: any(m["id"] == message_id and m["status"] == "read" for m in sandbox.messages()),
+                   timeout_s=30, what="the read in the workspace")
+        wait_until(lambda: "store_unavailable" in stack.group.logs() or "not recorded" in stack.group.logs(),
+                   timeout_s=15, what="the receiver refusing the report")
+        assert stack.status("away-1").state == "delivered"
+        proxy.restore()
+
+        wait_until(lambda: stack.status("away-1").state == "read", timeout_s=30, what="read, learned by a read-back")
+        assert "dispatcher.read_back" in stack.group.logs()
