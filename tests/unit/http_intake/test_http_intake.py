@@ -206,8 +206,17 @@ def test_a_refused_request_answers_422_naming_the_field_and_stores_nothing(
         assert body["field"] == field, body
     assert isinstance(body["detail"], str) and body["detail"]
     assert set(body) == {"error", "field", "detail"}
+    for sent in (v for v in _leaves(changes) if isinstance(v, str) and len(v) > 3):  # nothing sent comes back
+        assert sent not in response.text, (sent, body)
     assert intake.rows() == 0 and intake.payloads() == 0
     assert intake.enqueuer.sent == []
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The values a request sent (route names aside: those are the configuration's own words)."""
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() if key not in ("route", "fallback_route") for leaf in _leaves(item)]
+    return [value]
 
 
 def test_the_web_session_route_refuses_bulk_use(intake: Intake) -> None:
