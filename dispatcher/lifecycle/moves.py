@@ -16,11 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, case, exists, func, or_, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, Side
+from dispatcher.store.db import insert_for
 from dispatcher.store.models import Attempt, Notification, table_of
 
 NOTIFICATIONS = table_of(Notification)
@@ -94,8 +94,7 @@ def open_attempt(session: Session, *, notification_id: int, number: int, route: 
 
     The try is counted before the run does anything (arq's rule), so a crash loop ends.
     """
-    dialect = session.get_bind().dialect.name
-    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    dialect_insert = insert_for(session)
     statement = (
         dialect_insert(ATTEMPTS)
         .values(notification_id=notification_id, number=number, route=route, channel=channel,
@@ -391,8 +390,7 @@ def end_failed(session: Session, *, notification_id: int, error_kind: str, detai
 
 
 def _insert_ignoring_conflict(session: Session, values: dict[str, Any]) -> None:
-    dialect = session.get_bind().dialect.name
-    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    dialect_insert = insert_for(session)
     session.execute(dialect_insert(ATTEMPTS).values(**values).on_conflict_do_nothing())
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, SETTLED_NOTIFICATION_STATES
+from dispatcher.store.db import insert_for
 from dispatcher.store.models import (
     AppliedStatus,
     Attempt,
@@ -112,8 +112,7 @@ def _forget_unused_contacts(session: Session, cutoff: datetime) -> int:
 
 def _spend(session: Session, keys: list[str], spent_until: datetime) -> None:
     """Record the event IDs as spent; one already recorded keeps the later of the two horizons."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     table = table_of(SpentEvent)
     statement = insert(table).values([{"event_key": key, "spent_until": spent_until} for key in keys])
     session.execute(statement.on_conflict_do_update(index_elements=[table.c.event_key],

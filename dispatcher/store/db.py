@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -75,3 +76,8 @@ def dispose_after_fork() -> None:
     """Forget pooled connections inherited from a parent process (Celery prefork children)."""
     for engine in _engines.values():
         engine.dispose(close=False)
+
+
+def insert_for(session: Session) -> Any:
+    """The dialect's INSERT (PostgreSQL's or SQLite's), the one with ON CONFLICT clauses."""
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert

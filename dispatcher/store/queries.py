@@ -15,13 +15,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
 from dispatcher.policy import channels as channel_rules
 from dispatcher.policy.readback import READ_BACK_STATES
+from dispatcher.store.db import insert_for
 from dispatcher.store.models import (
     AppliedStatus,
     Attempt,
@@ -97,8 +97,7 @@ def content_hash(content: str) -> str:
 
 def _insert_ignoring_conflict(session: Session, model: type[Any], values: dict[str, Any]) -> None:
     """INSERT that leaves an existing row alone: the first writer wins, the others read its value."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     session.execute(insert(model).values(**values).on_conflict_do_nothing())
 
 
@@ -283,8 +282,7 @@ def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox
 def remember_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int, source_id: str) -> str:
     """Store the first source_id seen for the pair (or replace the mark of a used one) and return the
     stored one (maybe a racer's)."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     table = table_of(ContactInbox)
     statement = insert(table).values(account_id=account_id, contact_id=contact_id, inbox_id=inbox_id,
                                      source_id=source_id)
@@ -425,8 +423,7 @@ def attempt_by_message(session: Session, message_id: int, *, for_update: bool = 
 
 def record_applied_status(session: Session, message_id: int, status: str) -> bool:
     """Note that (message, status) is being applied; False when it was already."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
     table = table_of(AppliedStatus)
     inserted = session.execute(
@@ -441,7 +438,7 @@ def record_applied_status(session: Session, message_id: int, status: str) -> boo
 def open_service_window(session: Session, *, account_id: int, contact_id: int, inbox_id: int, at: datetime) -> None:
     """Record an incoming message's time for the pair; an older report never moves it back."""
     dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(session)
     statement = insert(ServiceWindow).values(
         account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
     )
