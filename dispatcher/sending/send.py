@@ -209,8 +209,7 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
         row = store.load_for_send(session, notification_id)
         if row is None or row.state not in SENDABLE_NOTIFICATION_STATES:
             return SendResult(Outcome.SKIPPED, "nothing to send")
-        due = max(row.created_at, row.send_at) if row.send_at is not None else row.created_at
-        if now - due <= timedelta(seconds=ctx.settings.send_deadline_s):
+        if not _past_deadline(row.created_at, row.send_at, now=now, deadline_s=ctx.settings.send_deadline_s):
             moves.wait_for_workspace(session, notification_id=notification_id, attempt_id=attempt_id,
                                      reason=pause.reason, detail=pause.detail, now=now)
             wait_s = max(pause.until - time.time(), 1.0)
@@ -469,9 +468,13 @@ def _look_again_later(error: ApiError, job: _Job, ctx: SendContext) -> SendResul
 
 def _past_send_deadline(job: _Job, ctx: SendContext) -> bool:
     now = ctx.clock()
-    stored = job.created_at or now
-    due = max(stored, job.send_at) if job.send_at is not None else stored
-    return now - due > timedelta(seconds=ctx.settings.send_deadline_s)
+    return _past_deadline(job.created_at or now, job.send_at, now=now, deadline_s=ctx.settings.send_deadline_s)
+
+
+def _past_deadline(created_at: datetime, send_at: datetime | None, *, now: datetime, deadline_s: float) -> bool:
+    """Whether ``send_deadline_s`` has passed since the notification became due (stored, or its send_at)."""
+    due = max(created_at, send_at) if send_at is not None else created_at
+    return now - due > timedelta(seconds=deadline_s)
 
 
 def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | None:
