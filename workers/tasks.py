@@ -92,8 +92,8 @@ def read_back(self: Task, message_id: int) -> str:
     """Read one message's state back: its report came while the store was away (the receiver asks)."""
     try:
         return read_back_message(int(message_id), runtime.send_context(), runtime.enqueuer())
-    except Wait as wait:
-        raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
+    except Wait as wait:  # bounded: the scheduled read-back still comes if the limiter never frees a slot
+        raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=STORE_RETRY_BUDGET) from None
     except (OperationalError, InterfaceError) as error:
         raise _store_unavailable(self, f"read-back of message {message_id}", error) from None
 
