@@ -16,19 +16,17 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from dispatcher.errors import InvalidEvent
+from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]{2,63}$")
 EMAIL_MAX_CHARS = 254  # RFC 5321's longest address; the workspace keeps e-mail in a 255-character column
 MAX_METADATA_KEYS = 20
 INT64 = 2**63 - 1
-# A NUL cannot be stored by PostgreSQL, and a lone UTF-16 surrogate cannot be encoded as UTF-8:
-# either would fail the store or the send later, with the text in the error. Refused at the edge.
-_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def _plain_text(value: str) -> str:
-    if _UNSENDABLE.search(value):
+    if UNSTORABLE_TEXT.search(value):
         raise ValueError("must not hold a NUL character or an unpaired surrogate")
     return value
 
@@ -101,7 +99,7 @@ class NotificationRequest(BaseModel):
         if len(self.metadata) > MAX_METADATA_KEYS:
             raise ValueError(f"metadata: at most {MAX_METADATA_KEYS} keys")
         for value in self.metadata.values():  # JSON allows 1e400 and huge integers; the stores do not
-            if isinstance(value, str) and _UNSENDABLE.search(value):
+            if isinstance(value, str) and UNSTORABLE_TEXT.search(value):
                 raise ValueError("metadata: must not hold a NUL character or an unpaired surrogate")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError("metadata: numbers must be finite")

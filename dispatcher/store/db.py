@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+# Text no store of ours can keep: PostgreSQL refuses a NUL, and UTF-8 cannot encode a lone UTF-16
+# surrogate. Intake and the webhook receiver refuse it at the edge, so nothing fails later.
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # several worker processes share one file: wait for the lock, don't fail
 PG_CONNECT_TIMEOUT_S = 5
 PG_STATEMENT_TIMEOUT_MS = 30_000

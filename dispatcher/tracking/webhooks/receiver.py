@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -53,7 +52,7 @@ from dispatcher.errors import WebhookRejected
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
 from dispatcher.settings import Settings, load_settings
-from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary, summarize
 from dispatcher.tracking.webhooks.verify import DELIVERY_ID, verify_delivery
@@ -101,7 +100,8 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     async def receive(request: Request) -> Response:
         try:
             try:
-                body = await asyncio.wait_for(_read_body(request, limit), timeout=body_timeout_s)
+                async with asyncio.timeout(body_timeout_s):  # a timer, no extra task on the hot path
+                    body = await _read_body(request, limit)
             except TimeoutError:
                 raise WebhookRejected("body_timeout", status_code=408) from None
             now = clock()
@@ -117,14 +117,15 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         if writer.waiting > MAX_WAITING_WRITES:  # the store is stuck: refuse at once, hold nothing more
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             return _refusal("store_unavailable", 503)
-        # A frozen store must not hold the request: past the timeout it is answered 503; its
-        # write stays queued and may still land (a repeat is recognised by its delivery ID).
-        write = asyncio.ensure_future(writer.submit(NewDelivery(
-            verified.delivery_id, summary.event, summary.model_dump(mode="json"), datetime.fromtimestamp(now, UTC))))
+        # A frozen store must not hold the request: past the timeout it is answered 503. The
+        # timeout cancels only this request's wait: its write stays queued and may still land
+        # (the writer skips a cancelled waiter; a repeat is recognised by its delivery ID).
         try:
-            answer = await asyncio.wait_for(asyncio.shield(write), timeout=store_timeout_s)
+            async with asyncio.timeout(store_timeout_s):
+                answer = await writer.submit(NewDelivery(verified.delivery_id, summary.event,
+                                                         summary.model_dump(mode="json"),
+                                                         datetime.fromtimestamp(now, UTC)))
         except (SQLAlchemyError, TimeoutError) as error:
-            write.add_done_callback(_forget_outcome)
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
             # A stock workspace never sends it again: have the message read back as soon as the
@@ -201,15 +202,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-# A NUL or a lone UTF-16 surrogate in any string: PostgreSQL refuses the first, UTF-8 cannot encode
-# the second, so a stored delivery that held one could never be applied.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
 def _storable(value: object) -> bool:
     """No string in the parsed body (keys included) holds a NUL or a lone surrogate."""
     if isinstance(value, str):
-        return _UNSTORABLE.search(value) is None
+        return UNSTORABLE_TEXT.search(value) is None  # the store could never keep it, nor apply it
     if isinstance(value, dict):
         return all(_storable(key) and _storable(item) for key, item in value.items())
     if isinstance(value, list):
@@ -234,12 +230,6 @@ def _summary(body: bytes) -> EventSummary:
 
 
 READY_CHECK_TIMEOUT_S = 2.0
-
-
-def _forget_outcome(write: asyncio.Future[bytes]) -> None:
-    """A late write's outcome, after its request was answered 503: consumed, so nothing is left unretrieved."""
-    if not write.cancelled():
-        write.exception()
 MAX_WAITING_WRITES = 10_000  # deliveries queued for a store that does not answer; past it, 503 at once
 
 
