@@ -8,7 +8,7 @@ from typing import Protocol
 
 from celery import Celery
 
-from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, SEND_QUEUE, SEND_TASK, broker_transport_options
+from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, SEND_QUEUE, SEND_TASK, broker_transport, broker_transport_options
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ class CeleryEnqueuer:
 
     def __init__(self, broker_url: str) -> None:
         self._app = Celery("dispatcher-producer", broker=broker_url, set_as_current=False)
+        self._app.conf.broker_transport = broker_transport(broker_url)
         self._app.conf.broker_transport_options = broker_transport_options(broker_url)
         self._app.conf.broker_connection_retry_on_startup = False
         self._app.conf.task_serializer = "json"

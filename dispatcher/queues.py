@@ -27,6 +27,14 @@ RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the rete
 DEFAULT_VISIBILITY_TIMEOUT_S = 3600
 
 
+EMBEDDED_TRANSPORT = "dispatcher.embedded_broker:Transport"
+
+
+def broker_transport(broker_url: str) -> str | None:
+    """Celery's ``broker_transport`` for the URL: kombu's file transport made atomic, else the URL's own."""
+    return EMBEDDED_TRANSPORT if broker_url.startswith("filesystem://") else None
+
+
 def broker_transport_options(broker_url: str, *, visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S) -> dict[str, Any]:
     """Transport options for the broker URL's kind.
 
@@ -36,7 +44,7 @@ def broker_transport_options(broker_url: str, *, visibility_timeout_s: int = DEF
     if broker_url.startswith("sqla+"):
         return {}
     if broker_url.startswith("filesystem://"):
-        # Kombu's file transport: one file a message in a folder, taken under a file lock.
+        # One file a message in a folder (dispatcher.embedded_broker), taken by a rename.
         folder = broker_url.removeprefix("filesystem://").lstrip("/") or "var/broker"
         if broker_url.startswith("filesystem:///"):
             folder = "/" + folder

@@ -19,6 +19,7 @@ from dispatcher.queues import (
     SEND_TASK,
     SWEEP_TASK,
     TRACKING_SWEEP_TASK,
+    broker_transport,
     broker_transport_options,
 )
 from dispatcher.settings import Settings, load_settings
@@ -36,6 +37,7 @@ def create_app(settings: Settings) -> Celery:
         accept_content=["json"],
         task_ignore_result=True,
         result_backend=None,
+        broker_transport=broker_transport(settings.broker_url),
         broker_transport_options=broker_transport_options(
             settings.broker_url, visibility_timeout_s=settings.broker_visibility_timeout_s
         ),

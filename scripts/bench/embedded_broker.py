@@ -31,11 +31,12 @@ def measure(broker_url: str, workdir: Path) -> dict[str, float]:
     os.environ.update(env)
     from celery import Celery
 
-    from dispatcher.queues import SEND_QUEUE, broker_transport_options
+    from dispatcher.queues import SEND_QUEUE, broker_transport, broker_transport_options
 
     counter = redis.Redis.from_url(COUNTER_URL)
     counter.flushdb()
     producer = Celery("bench", broker=broker_url, set_as_current=False)
+    producer.conf.broker_transport = broker_transport(broker_url)
     producer.conf.broker_transport_options = broker_transport_options(broker_url)
     tasks = 300
     for number in range(tasks):

@@ -76,13 +76,14 @@ def run_baseline(env: dict[str, str], workdir: Path, args: argparse.Namespace) -
     import redis
     from celery import Celery
 
-    from dispatcher.queues import SEND_QUEUE, broker_transport_options
+    from dispatcher.queues import SEND_QUEUE, broker_transport, broker_transport_options
 
     env = {**env, "BENCH_COUNTER_URL": env["DISPATCHER_BROKER_URL"],
            "PYTHONPATH": f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"}
     counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
     counter.delete("bench:noop:latency")
     producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
+    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
     producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
     worker = start_worker(env, workdir / "noop.log", concurrency=args.concurrency, app="scripts.bench.noop_app", name="noop")
     try:

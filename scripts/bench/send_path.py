@@ -97,11 +97,12 @@ def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> 
     os.environ.update(env)
     from celery import Celery
 
-    from dispatcher.queues import SEND_QUEUE, broker_transport_options
+    from dispatcher.queues import SEND_QUEUE, broker_transport, broker_transport_options
 
     counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
     counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
     producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
+    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
     producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
     for number in range(args.notifications):
         producer.send_task("bench.noop", args=[number], queue=SEND_QUEUE)

@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, READ_BACK_TASK, broker_transport_options
+from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, READ_BACK_TASK, broker_transport, broker_transport_options
 from dispatcher.store.models import WebhookDelivery, table_of
 
 Publish = Callable[[int], None]
@@ -76,6 +76,7 @@ class CeleryOutcomePublisher:
         options = broker_transport_options(broker_url)
         if broker_url.startswith(("redis://", "rediss://")):
             options.update(socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._app.conf.broker_transport = broker_transport(broker_url)
         self._app.conf.broker_transport_options = options
         self._app.conf.broker_connection_retry_on_startup = False
         self._app.conf.broker_connection_timeout = 1.0
