@@ -45,7 +45,8 @@ from chaos_harness import (
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(time_budget_s())]
+# xdist_group: the chaos run is the longest test by far; its own group lets the other worker take the rest meanwhile
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(time_budget_s()), pytest.mark.xdist_group("chaos")]
 
 TEARDOWN_RESERVE_S = 75.0  # kept back from the budget for the checks, the report and stopping everything
 # Longer than the route's delivery deadline and the 30 s before lost deliveries are republished.
