@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
-from dispatcher.errors import DispatcherError
+from dispatcher.errors import ConfigurationError, DispatcherError
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.readback import ReadBackPlan
@@ -97,6 +97,23 @@ def limits_of(settings: Settings) -> dict[str, Limit]:
         if route.max_per_minute is not None:
             limits[route_bucket(name)] = Limit(per_minute=route.max_per_minute)
     return limits
+
+
+def require_shared_limits(settings: Settings) -> None:
+    """Refuse a deployment whose workers would each keep their own rate limits and breaker.
+
+    With a Redis broker they share them through it, or through ``redis_url``. With another
+    server broker (RabbitMQ, SQL) and no ``redis_url``, N workers would each send up to the
+    whole workspace limit: N times what it allows. Only the embedded file broker, one machine
+    and a handful of processes, runs with limits per process (docs/embedded-broker.md).
+    """
+    if settings.limiter_redis_url is None and not settings.broker_url.startswith("filesystem://"):
+        raise ConfigurationError(
+            "DISPATCHER_REDIS_URL (redis_url)",
+            "is required when the broker is not Redis; the workers share "
+            "the workspace's rate limits and circuit breaker through it, and without it each worker would "
+            "send up to the whole limit"
+        )
 
 
 def make_limiter(settings: Settings) -> Limiter:

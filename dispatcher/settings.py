@@ -136,6 +136,10 @@ class Settings(BaseSettings):
     # HTTP intake (POST /v1/notifications beside the receiver): off while no token is set.
     intake_token: SecretStr | None = None
     intake_max_body_bytes: int = Field(default=65_536, gt=0)
+    # Notifications waiting for a worker past which HTTP intake answers 429 (0: never); hosts
+    # come back after intake_retry_after_s (dispatcher.intake.backlog).
+    intake_max_backlog: int = Field(default=20_000, ge=0)
+    intake_retry_after_s: int = Field(default=10, gt=0, le=3600)
 
     # HTTP to the workspace API. Reads and writes get the same budget: the real service
     # gives up on its own side well before 30 s.

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import logging
+import sys
 
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
 from dispatcher.api.client import quiet_http_logging
+from dispatcher.context import require_shared_limits
+from dispatcher.errors import ConfigurationError
+from dispatcher.settings import load_settings
 from dispatcher.store.db import dispose_after_fork
+
+EXIT_CONFIGURATION = 2  # as the command line's (docs/operations.md)
+
+
+@worker_init.connect
+def _refuse_limits_of_its_own(**_: object) -> None:
+    # Before the pool starts: a worker that would not share the workspace's limits must not run.
+    # Celery logs and swallows an Exception from a signal handler, so this ends the process itself.
+    try:
+        require_shared_limits(load_settings())
+    except ConfigurationError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIGURATION) from None
 
 
 @worker_process_init.connect

@@ -6,13 +6,15 @@ record back. docs/http-intake.md has every answer with an example body. In this 
 
 1. authenticated: ``Authorization: Bearer <token>``, compared in constant time (401 with
    ``WWW-Authenticate: Bearer`` when missing or wrong; nothing else is looked at before this);
-2. checked for ``Content-Type: application/json`` (415);
-3. read up to ``max_body_bytes`` (default 64 KiB): a larger ``Content-Length``, or a streamed body
+2. checked against the send backlog: with ``intake_max_backlog`` notifications waiting for a
+   worker, 429 with ``Retry-After`` (see :mod:`dispatcher.intake.backlog`);
+3. checked for ``Content-Type: application/json`` (415);
+4. read up to ``max_body_bytes`` (default 64 KiB): a larger ``Content-Length``, or a streamed body
    passing the limit, answers 413 at once without reading the rest;
-4. parsed as JSON (400, field ``body``);
-5. handed to :meth:`Dispatcher.notify <dispatcher.service.Dispatcher.notify>` in the threadpool:
+5. parsed as JSON (400, field ``body``);
+6. handed to :meth:`Dispatcher.notify <dispatcher.service.Dispatcher.notify>` in the threadpool:
    ``InvalidEvent`` answers 422 naming the field, ``EventConflict`` 409; a store failure 503;
-6. answered 202 with ``{"event_id", "state", "status_url"}`` and a ``Location`` header, for a new
+7. answered 202 with ``{"event_id", "state", "status_url"}`` and a ``Location`` header, for a new
    request and for a repeat of an identical one alike (the repeat carries the stored state).
 
 Errors are JSON ``{"error": <code>, "field": <dotted field>, "detail": <problem>}`` and never
@@ -44,6 +46,7 @@ from starlette.routing import Route
 
 from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, UnknownNotification
 from dispatcher.http_framing import RefuseDoubleFraming
+from dispatcher.intake.backlog import BacklogGate
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
 from dispatcher.service import Dispatcher
 from dispatcher.settings import ENV_PREFIX, load_settings
@@ -52,6 +55,7 @@ log = logging.getLogger(__name__)
 
 NOTIFICATIONS_PATH = "/v1/notifications"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+DEFAULT_RETRY_AFTER_S = 10
 TOKEN_VARIABLE = f"{ENV_PREFIX}INTAKE_TOKEN"
 
 _EVENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # as NotificationRequest.event_id
@@ -78,16 +82,22 @@ _INTERNAL_ERROR = _Refusal(500, "internal_error", None, "the request could not b
 
 
 def create_intake_routes(
-    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_backlog: int = 0, retry_after_s: int = DEFAULT_RETRY_AFTER_S,
 ) -> list[Route]:
     """The two intake routes, to mount in any Starlette app (the webhook receiver's, for one).
 
     ``token`` is the bearer token hosts must send; an empty one is refused with
     :class:`~dispatcher.errors.ConfigurationError` (an intake nobody can call is a mistake).
+    ``max_backlog`` notifications waiting for a worker make a POST answer 429 (0: never).
     """
     expected = _token_digest(token)
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
+    backlog = BacklogGate(dispatcher.sessions, max_backlog=max_backlog)
+    backlogged = _Refusal(429, "backlogged", None,
+                          "too many notifications are waiting to be sent; hand this one over again later",
+                          {"Retry-After": str(retry_after_s)})
 
     def authenticate(request: Request) -> None:
         scheme, _, presented = request.headers.get("authorization", "").strip().partition(" ")
@@ -107,6 +117,8 @@ def create_intake_routes(
         event_id = "-"
         try:
             authenticate(request)
+            if await run_in_threadpool(backlog.is_full):
+                raise backlogged
             _check_content_type(request)
             body = await _read_body(request, max_body_bytes)
             data = _parse_json(body)
@@ -159,13 +171,14 @@ def create_intake_routes(
 
 def create_intake_app(
     dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    on_shutdown: Sequence[Callable[[], Any]] = (),
+    max_backlog: int = 0, retry_after_s: int = DEFAULT_RETRY_AFTER_S, on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Starlette:
     """The intake alone, with ``GET /healthz``: for running it by itself and for tests.
 
     ``on_shutdown`` callables run when the app stops (closing the dispatcher's enqueuer, say).
     """
-    routes = create_intake_routes(dispatcher, token=token, max_body_bytes=max_body_bytes)
+    routes = create_intake_routes(dispatcher, token=token, max_body_bytes=max_body_bytes, max_backlog=max_backlog,
+                                  retry_after_s=retry_after_s)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -192,7 +205,9 @@ def app_from_environment() -> Starlette:
         raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "is required to serve the HTTP intake")
     dispatcher = Dispatcher(settings, migrate=settings.database_url.startswith("sqlite"))
     close = getattr(dispatcher.enqueuer, "close", None)
-    return create_intake_app(dispatcher, token=token, on_shutdown=[close] if close else [])
+    return create_intake_app(dispatcher, token=token, max_body_bytes=settings.intake_max_body_bytes,
+                             max_backlog=settings.intake_max_backlog, retry_after_s=settings.intake_retry_after_s,
+                             on_shutdown=[close] if close else [])
 
 
 def _token_digest(token: SecretStr | str) -> bytes:

@@ -152,6 +152,13 @@ def count_recent_on_route(session: Session, route: str, *, since: datetime) -> i
     return int(session.scalar(query) or 0)
 
 
+def count_waiting_for_a_worker(session: Session) -> int:
+    """Notifications queued and not yet taken by a worker: the send backlog (scheduled ones wait
+    for their time instead)."""
+    query = select(func.count()).select_from(Notification).where(Notification.state == NotificationState.QUEUED)
+    return int(session.scalar(query) or 0)
+
+
 def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: datetime) -> None:
     ids = list(notification_ids)
     if ids:

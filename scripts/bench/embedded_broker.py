@@ -27,7 +27,9 @@ COUNTER_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:637
 
 def measure(broker_url: str, workdir: Path) -> dict[str, float]:
     env = {**os.environ, "DISPATCHER_CONFIG": str(REPO / "config" / "dispatcher.example.toml"),
-           "DISPATCHER_BROKER_URL": broker_url, "BENCH_COUNTER_URL": COUNTER_URL, "PYTHONPATH": str(REPO)}
+           "DISPATCHER_BROKER_URL": broker_url, "BENCH_COUNTER_URL": COUNTER_URL, "PYTHONPATH": str(REPO),
+           # a worker on the SQL broker refuses to start without a shared limiter (dispatcher.context)
+           "DISPATCHER_REDIS_URL": COUNTER_URL}
     os.environ.update(env)
     from celery import Celery
 

@@ -166,7 +166,8 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
         intake = Dispatcher(settings)
         owned.append(intake.enqueuer)
-        routes += create_intake_routes(intake, token=settings.intake_token, max_body_bytes=settings.intake_max_body_bytes)
+        routes += create_intake_routes(intake, token=settings.intake_token, max_body_bytes=settings.intake_max_body_bytes,
+                                       max_backlog=settings.intake_max_backlog, retry_after_s=settings.intake_retry_after_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
