@@ -68,9 +68,9 @@ def send(self: Task, notification_id: int) -> str:
 def sweep() -> int:
     """Publish outbox rows, due scheduled rows, finished long waits and rows whose task was lost."""
     context = runtime.send_context()
-    return run_sweep(
-        sessions=context.sessions, enqueuer=runtime.enqueuer(), stale_after_s=context.settings.stale_after_s
-    )
+    # Batches for up to most of the beat interval: a backlog drains within a few sweeps.
+    return run_sweep(sessions=context.sessions, enqueuer=runtime.enqueuer(), stale_after_s=context.settings.stale_after_s,
+                     budget_s=0.8 * context.settings.sweep_interval_s)
 
 
 @app.task(name=OUTCOME_TASK, bind=True, ignore_result=True, max_retries=None)

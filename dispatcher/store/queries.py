@@ -167,6 +167,15 @@ def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: dat
         )
 
 
+def forget_enqueued(session: Session, notification_ids: Iterable[int], *, marked_at: datetime) -> None:
+    """The publish of rows marked enqueued at ``marked_at`` failed: the next sweep takes them again
+    (a row some task touched since is left as that task left it)."""
+    ids = list(notification_ids)
+    if ids:
+        session.execute(update(Notification).where(Notification.id.in_(ids), Notification.enqueued_at == marked_at)
+                        .values(enqueued_at=None))
+
+
 def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int) -> list[int]:
     """Rows a sweep should hand (again) to the queue.
 
@@ -174,6 +183,9 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
     rows whose long retry wait is over, and rows queued or sending long ago with no progress
     since (their task was lost). Sending the same ID twice is harmless: the send path is
     idempotent and guarded by compare-and-set.
+
+    On PostgreSQL the rows are locked and rows another sweep holds are skipped (``SKIP LOCKED``),
+    so sweeps in several processes take disjoint batches; SQLite runs one writer at a time anyway.
     """
     query = (
         select(Notification.id)
@@ -190,6 +202,7 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
         )
         .order_by(Notification.id)
         .limit(limit)
+        .with_for_update(skip_locked=True)
     )
     return list(session.scalars(query))
 

@@ -1,0 +1,129 @@
+"""The outbox relay: rows a second that the beat sweep publishes, beside the publishes alone.
+
+    .venv/bin/python scripts/bench/relay.py --rows 10000
+
+Stages ROWS notifications with ``dispatcher.intake.outbox.add`` in one transaction of a fresh
+PostgreSQL database (as a host would), then times, against a Redis broker of its own (a
+redis-server on a free port, stopped at the end; nothing else is touched):
+
+- baseline: ``CeleryEnqueuer.enqueue_send`` of ROWS notification IDs in batches of the sweep's
+  size: the publish alone, no database;
+- ours: ``dispatcher.operations.sweep.sweep`` with the same kind of enqueuer, called until it
+  publishes nothing more (each call runs batches for up to its default budget, as beat's would);
+- two sweeps at once, in two processes: rows a second together, and how many rows both published
+  (the relay promises none).
+
+Prints one JSON object. Target (issue 14): at least 2,000 rows a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, temp_database  # type: ignore[import-not-found]
+
+sys.path.insert(0, str(REPO))
+
+from dispatcher.enqueue import CeleryEnqueuer  # noqa: E402
+from dispatcher.intake import outbox  # noqa: E402
+from dispatcher.operations.sweep import BATCH, sweep  # noqa: E402
+from dispatcher.store.db import session_factory, shared_engine  # noqa: E402
+from dispatcher.store.migrate import upgrade_database  # noqa: E402
+from tests.support.dispatcher_setup import example_settings, reminder  # noqa: E402
+from tests.support.redis_server import PrivateRedis  # noqa: E402
+
+
+class Counting(CeleryEnqueuer):
+    def __init__(self, broker_url: str) -> None:
+        super().__init__(broker_url)
+        self.ids: list[int] = []
+
+    def enqueue_send(self, notification_ids):  # type: ignore[no-untyped-def]
+        published = super().enqueue_send(notification_ids)
+        self.ids.extend(published)
+        return published
+
+
+def stage(database_url: str, rows: int, prefix: str) -> float:
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=database_url)
+    sessions = session_factory(shared_engine(database_url))
+    started = time.perf_counter()
+    with sessions.begin() as session:
+        for number in range(rows):
+            outbox.add(session, reminder(f"{prefix}-{number}", identifier=f"patient-{number % 500}",
+                                         phone=f"+1555033{number % 500:04d}"), settings=settings)
+    return time.perf_counter() - started
+
+
+def relay_all(database_url: str, broker_url: str, result: multiprocessing.Queue[list[int]] | None = None) -> list[int]:
+    sessions = session_factory(shared_engine(database_url))
+    enqueuer = Counting(broker_url)
+    while sweep(sessions=sessions, enqueuer=enqueuer, stale_after_s=300):
+        pass
+    enqueuer.close()
+    if result is not None:
+        result.put(enqueuer.ids)
+    return enqueuer.ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as folder, temp_database() as database_url:
+        upgrade_database(database_url)
+        redis = PrivateRedis(Path(folder))
+        redis.start()
+        try:
+            broker_url = redis.url
+            # baseline: the publishes alone
+            publisher = Counting(broker_url)
+            ids = list(range(1, args.rows + 1))
+            started = time.perf_counter()
+            for offset in range(0, len(ids), BATCH):
+                publisher.enqueue_send(ids[offset:offset + BATCH])
+            publish_s = time.perf_counter() - started
+            publisher.close()
+
+            staging_s = stage(database_url, args.rows, "one")
+            started = time.perf_counter()
+            relayed = relay_all(database_url, broker_url)
+            relay_s = time.perf_counter() - started
+            assert sorted(relayed) == sorted(set(relayed)) and len(relayed) == args.rows, "the relay lost or repeated rows"
+
+            stage(database_url, args.rows, "two")
+            context = multiprocessing.get_context("spawn")
+            queue: multiprocessing.Queue[list[int]] = context.Queue()
+            processes = [context.Process(target=relay_all, args=(database_url, broker_url, queue)) for _ in range(2)]
+            started = time.perf_counter()
+            for process in processes:
+                process.start()
+            published = [queue.get(timeout=600) for _ in processes]
+            two_s = time.perf_counter() - started
+            for process in processes:
+                process.join()
+            together = [notification_id for ids_of_one in published for notification_id in ids_of_one]
+        finally:
+            redis.stop()
+    print(json.dumps({
+        "rows": args.rows,
+        "staging_rows_per_s": round(args.rows / staging_s, 1),
+        "publish_alone_per_s": round(args.rows / publish_s, 1),
+        "relay_rows_per_s": round(args.rows / relay_s, 1),
+        "ratio": round(publish_s / relay_s, 3),
+        "two_sweeps_rows_per_s": round(args.rows / two_s, 1),
+        "two_sweeps_published": [len(ids_of_one) for ids_of_one in published],
+        "two_sweeps_published_twice": len(together) - len(set(together)),
+        "two_sweeps_missing": args.rows - len(set(together)),
+        "target_rows_per_s": 2000,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
