@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from celery import Celery
 
@@ -30,8 +30,11 @@ class CeleryEnqueuer:
         self._app.conf.task_serializer = "json"
 
     def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+        ids = list(notification_ids)
+        if len(ids) > 1:
+            return self._publish_batch(ids)
         published = []
-        for notification_id in notification_ids:
+        for notification_id in ids:
             try:
                 self._publish(SEND_TASK, SEND_QUEUE, notification_id, shown=f"(notification={notification_id})")
             except Exception as error:  # the broker is down: the sweep publishes the row later
@@ -40,11 +43,26 @@ class CeleryEnqueuer:
             published.append(notification_id)
         return published
 
+    def _publish_batch(self, ids: list[int]) -> list[int]:
+        """The relay's batches, through one producer and kombu's batch publish (one Redis pipeline):
+        twice the rate of a publish each, whose Redis client kombu builds anew every time. A batch
+        that fails counts as not published at all: the sweep publishes it again, and a task that
+        did get through twice is harmless (the send path claims each attempt once)."""
+        try:
+            with self._app.producer_or_acquire() as producer, producer.batch(max_size=len(ids)):
+                for notification_id in ids:
+                    self._publish(SEND_TASK, SEND_QUEUE, notification_id, shown=f"(notification={notification_id})",
+                                  producer=producer)
+        except Exception as error:
+            log.warning("could not enqueue %d notifications (%s); the sweep will", len(ids), type(error).__name__)
+            return []
+        return ids
+
     def enqueue_outcome(self, delivery_row_id: int) -> None:
         """Publish the outcome task for one recorded webhook delivery (its row ID only)."""
         self._publish(OUTCOME_TASK, OUTCOMES_QUEUE, delivery_row_id, shown=f"(delivery={delivery_row_id})")
 
-    def _publish(self, task: str, queue: str, row_id: int, *, shown: str) -> None:
+    def _publish(self, task: str, queue: str, row_id: int, *, shown: str, producer: Any = None) -> None:
         # argsrepr is what Flower and the worker log display: the ID, said plainly.
         self._app.send_task(
             task,
@@ -54,6 +72,7 @@ class CeleryEnqueuer:
             kwargsrepr="{}",
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+            producer=producer,
         )
 
     def close(self) -> None:
