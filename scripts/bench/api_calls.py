@@ -30,7 +30,7 @@ from common import (
     accepted_count,
     emit,
     environment,
-    redis_database,
+    private_redis,
     reminder,
     settings_from,
     start_worker,
@@ -56,7 +56,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contacts", type=int, default=100, help="notifications per phase (one per contact)")
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
 
     from dispatcher.enqueue import CeleryEnqueuer
@@ -65,7 +64,7 @@ def main() -> int:
     from tests.support.sandbox_process import running_sandbox
 
     n = args.contacts
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-calls-") as tmp:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)

@@ -1,9 +1,10 @@
 """What the benchmarks under scripts/bench/ share: a throw-away PostgreSQL database, a Redis
-database number of their own, the sandbox, real workers, request builders and the machine.
+server of their own, the sandbox, real workers, request builders and the machine.
 
 Everything runs on loopback: PostgreSQL at 127.0.0.1:5432 (trust auth; a fresh ``bench_<hex>``
-database, dropped afterwards), Redis at 127.0.0.1:6379 (database numbers 10-12, flushed before
-and after). Every benchmark prints one JSON object on stdout; ``scripts/bench/all`` collects them.
+database, dropped afterwards) and a redis-server of the benchmark's own on a free port (stopped
+afterwards): no benchmark touches data it did not make. Every benchmark prints one JSON object
+on stdout; ``scripts/bench/all`` collects them.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import redis  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 
 # The benchmarks measure the dispatcher, not its configured politeness: the example limits
 # (2,400 API calls and 90 contact searches a minute for the whole account) would cap every run
@@ -70,18 +69,20 @@ def temp_database() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def redis_database(number: int) -> Iterator[str]:
-    """``redis://127.0.0.1:6379/<number>``, flushed before and after (numbers 10-12 only)."""
-    if not 10 <= number <= 12:
-        raise ValueError("the benchmarks use Redis database numbers 10-12 only")
-    url = f"{REDIS_URL}/{number}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    try:
-        yield url
-    finally:
-        client.flushdb()
-        client.close()
+def private_redis() -> Iterator[str]:
+    """The URL of a redis-server of this benchmark's own on a free loopback port, nothing on disk,
+    stopped afterwards: the machine's Redis and its data are never touched."""
+    import tempfile
+
+    from tests.support.redis_server import PrivateRedis
+
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as folder:
+        server = PrivateRedis(Path(folder))
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.stop()
 
 
 def environment(*, api_url: str, database_url: str, broker_url: str, uncapped: bool = True, **overrides: str) -> dict[str, str]:
@@ -217,7 +218,8 @@ def machine() -> dict[str, Any]:
             postgres = str(connection.execute(sa.text("SHOW server_version")).scalar_one())
         engine.dispose()
     with contextlib.suppress(Exception):
-        redis_version = str(redis.Redis.from_url(REDIS_URL).info("server")["redis_version"])
+        answer = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10).stdout
+        redis_version = answer.split("v=", 1)[1].split()[0]
     return {
         "host": platform.node(),
         "cpu": cpu,

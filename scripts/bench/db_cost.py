@@ -27,7 +27,7 @@ from collections import defaultdict
 from typing import Any
 
 import common  # noqa: F401
-from common import BENCH_SANDBOX, emit, environment, redis_database, reminder, settings_from, temp_database
+from common import BENCH_SANDBOX, emit, environment, private_redis, reminder, settings_from, temp_database
 
 FILL_NOTIFICATIONS = """
 INSERT INTO notifications (event_id, fingerprint, route, fallback_route, state, enqueued_at, created_at, updated_at,
@@ -203,7 +203,6 @@ def main() -> int:
     parser.add_argument("--contacts", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5, help="the sends are timed in this many rounds; medians are reported")
     parser.add_argument("--profile", type=int, default=300, help="warm sends profiled at the first size (0: none)")
-    parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
 
     from dispatcher.enqueue import ListEnqueuer
@@ -214,7 +213,7 @@ def main() -> int:
 
     sizes: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox:
+    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
         settings = settings_from(env)

@@ -22,20 +22,21 @@ from pathlib import Path
 import redis
 
 REPO = Path(__file__).resolve().parents[2]
-COUNTER_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/") + "/13"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
 
 
-def measure(broker_url: str, workdir: Path) -> dict[str, float]:
+def measure(broker_url: str, workdir: Path, counter_url: str) -> dict[str, float]:
     env = {**os.environ, "DISPATCHER_CONFIG": str(REPO / "config" / "dispatcher.example.toml"),
-           "DISPATCHER_BROKER_URL": broker_url, "BENCH_COUNTER_URL": COUNTER_URL, "PYTHONPATH": str(REPO),
+           "DISPATCHER_BROKER_URL": broker_url, "BENCH_COUNTER_URL": counter_url, "PYTHONPATH": str(REPO),
            # a worker on the SQL broker refuses to start without a shared limiter (dispatcher.context)
-           "DISPATCHER_REDIS_URL": COUNTER_URL}
+           "DISPATCHER_REDIS_URL": counter_url}
     os.environ.update(env)
     from celery import Celery
 
     from dispatcher.queues import SEND_QUEUE, broker_transport, broker_transport_options
 
-    counter = redis.Redis.from_url(COUNTER_URL)
+    counter = redis.Redis.from_url(counter_url)
     counter.flushdb()
     producer = Celery("bench", broker=broker_url, set_as_current=False)
     producer.conf.broker_transport = broker_transport(broker_url)
@@ -76,8 +77,8 @@ def _wait(condition: object) -> None:
 def main() -> None:
     results = {}
     for name, url in (("sqlalchemy+sqlite", "sqla+sqlite:///{dir}/broker.sqlite"), ("filesystem", "filesystem:///{dir}/broker")):
-        with tempfile.TemporaryDirectory() as workdir:
-            results[name] = measure(url.format(dir=workdir), Path(workdir))
+        with tempfile.TemporaryDirectory() as workdir, private_redis() as counter_url:
+            results[name] = measure(url.format(dir=workdir), Path(workdir), counter_url)
     print(json.dumps(results, indent=2))
 
 

@@ -35,7 +35,7 @@ from common import (
     emit,
     environment,
     event_of,
-    redis_database,
+    private_redis,
     reminder,
     settings_from,
     settled_count,
@@ -96,7 +96,7 @@ def run_ours(events: list[tuple[str, int]], args: argparse.Namespace) -> dict[st
     from dispatcher.store.migrate import upgrade_database
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
         upgrade_database(database_url)
         sandbox.set_faults(chaos_faults())
@@ -138,7 +138,6 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="baseline threads; processes per worker")
     parser.add_argument("--naive-tries", type=int, default=3)
     parser.add_argument("--max-seconds", type=float, default=420.0)
-    parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
     baseline_events = [(f"naive-{n}", n % args.contacts) for n in range(args.events)]
     our_events = [(f"ours-{n}", n % args.contacts) for n in range(args.events)]

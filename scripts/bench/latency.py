@@ -34,7 +34,7 @@ from common import (
     emit,
     environment,
     percentile,
-    redis_database,
+    private_redis,
     reminder,
     settings_from,
     start_worker,
@@ -143,11 +143,10 @@ def main() -> int:
     parser.add_argument("--contacts", type=int, default=200)
     parser.add_argument("--intake-threads", type=int, default=4, help="threads handing notifications over")
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
         baseline = run_baseline(env, Path(tmp), args)

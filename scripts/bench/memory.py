@@ -30,7 +30,7 @@ from common import (
     accepted_count,
     emit,
     environment,
-    redis_database,
+    private_redis,
     reminder,
     settings_from,
     start_worker,
@@ -169,7 +169,6 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--in-process", action="store_true", help="measure this process around a send_notification loop")
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="stop sampling after this long")
-    parser.add_argument("--redis-db", type=int, default=11)
     args = parser.parse_args()
 
     from dispatcher.enqueue import ListEnqueuer
@@ -177,7 +176,7 @@ def main() -> int:
     from dispatcher.store.migrate import upgrade_database
     from tests.support.sandbox_process import running_sandbox
 
-    with temp_database() as database_url, redis_database(args.redis_db) as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
             tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)

@@ -44,8 +44,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
+
 ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 SECRET = "bench-secret-4e1f"
 PATH = "/webhooks/messaging"
 UVICORN = ["--loop", "asyncio", "--http", "h11", "--no-access-log", "--log-level", "warning"]
@@ -234,8 +236,11 @@ def count_rows(database_url: str) -> int:
 def run_store(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     import redis
 
-    broker_url = f"{REDIS_URL}/4"  # outside 8-15 (tests draw from there) and 14 (send_path bench)
-    broker = redis.Redis.from_url(broker_url)
+    with private_redis() as broker_url:
+        return _run_store(kind, args, workdir, broker_url, redis.Redis.from_url(broker_url))
+
+
+def _run_store(kind: str, args: argparse.Namespace, workdir: Path, broker_url: str, broker: Any) -> dict[str, Any]:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_") or k.startswith("DISPATCHER_TEST_")}
     base_env.update(PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'scripts' / 'bench'}")
     bare_rates, receiver_rates, checks = [], [], []

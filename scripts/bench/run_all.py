@@ -31,7 +31,7 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
     quick = args.quick
     send_rate = (results.get("send_path", {}).get("result") or {}).get("sends_per_s") or args.fallback_rate
     return {
-        "send_path": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2", "--redis-db", "10"],
+        "send_path": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2"],
         "api_calls": ["api_calls.py", "--contacts", "30" if quick else "100"],
         "faults": ["faults.py", "--events", "300" if quick else "1000", "--contacts", "60" if quick else "200"],
         "receiver": ["receiver.py", "--requests", "3000" if quick else "10000", "--store", "postgres", "--rounds", "1" if quick else "3"],
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/bench/all",
         description="Run every benchmark (issue 7) and write docs/benchmarks.md and docs/benchmarks.png. "
-                    "Needs PostgreSQL at 127.0.0.1:5432 and Redis at 127.0.0.1:6379 (databases 10-12), "
+                    "Needs PostgreSQL at 127.0.0.1:5432 and redis-server installed (each benchmark runs its own), "
                     "and matplotlib for the plot (pip install 'matplotlib>=3.8').")
     parser.add_argument("--quick", action="store_true", help="smaller numbers everywhere (about 8 minutes)")
     parser.add_argument("--only", nargs="+", choices=ORDER, help="run these benchmarks only (the others' figures are left out)")
@@ -150,11 +150,6 @@ def main(argv: list[str] | None = None) -> int:
             continue
         argv_of = plan(args, results["benchmarks"])[name]
         results["benchmarks"][name] = run_one(name, argv_of, log_dir)
-        if name == "send_path":  # it flushes its Redis database before, not after
-            import redis
-            from common import REDIS_URL
-
-            redis.Redis.from_url(f"{REDIS_URL}/10").flushdb()
         results["seconds"] = round(time.time() - began, 1)
         results_path.write_text(json.dumps(results, indent=2))
     results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")

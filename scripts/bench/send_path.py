@@ -1,6 +1,6 @@
 """Warm-path sends a second (known contacts) against a no-op Celery task, in the same run.
 
-Both runs use the same broker (Redis), the same worker settings (the dispatcher's Celery app,
+Both runs use the same broker (a Redis server of the benchmark's own), the same worker settings (the dispatcher's Celery app,
 prefork, the same concurrency) and the same measurement: the queue is filled while no worker
 runs, then one starts, and the rate is tasks over the time from the first task's start to the
 last task's end. The dispatcher run also reads and writes PostgreSQL and calls the sandbox over
@@ -30,13 +30,12 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import BENCH_SANDBOX, cpu_seconds  # noqa: E402  (scripts/bench/common.py, beside this script)
+from common import BENCH_SANDBOX, cpu_seconds, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
 
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
 
 ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("DISPATCHER_TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 
 
 def main() -> None:
@@ -44,17 +43,15 @@ def main() -> None:
     parser.add_argument("--notifications", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--redis-db", type=int, default=14, help="Redis database number for broker and counters (flushed)")
     args = parser.parse_args()
     database = f"bench_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
     database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
-    broker_url = f"{REDIS_URL}/{args.redis_db}"
-    redis.Redis.from_url(broker_url).flushdb()
     try:
-        with running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
+        with private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+                tempfile.TemporaryDirectory() as workdir:
             env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
             env["BENCH_COUNTER_URL"] = broker_url
             noop_rate = _noop_rate(env, Path(workdir), args)
