@@ -93,10 +93,15 @@ def payload_of(request: NotificationRequest) -> dict[str, object]:
     return SendPayload.of(request).stored()
 
 
-def stage(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime) -> tuple[Notification, bool]:
+def stage(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime,
+          accepting: bool = False) -> tuple[Notification, bool]:
     """Add the notification in the caller's transaction; return it and whether it is new.
 
     Used by :func:`accept` and by the transactional outbox, where the host owns the transaction.
+    ``accepting``: the caller is :func:`accept`, which owns the transaction and publishes the
+    send task right after its commit. The row is then stored as enqueued (the sweep leaves it
+    alone; the outbox's rows wait for the sweep instead), and the insert needs no savepoint: a
+    racing twin's conflict may undo the whole transaction, which :func:`accept` runs again.
     """
     existing = store.find_notification_by_event(session, request.event_id)
     if existing is not None:
@@ -117,6 +122,11 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         created_at=now,
         updated_at=now,
     )
+    if accepting:
+        if notification.state == NotificationState.QUEUED:
+            notification.enqueued_at = now
+        store.add_notification(session, notification, payload_of(request))
+        return notification, True
     with session.begin_nested():  # a racing twin's insert fails here without undoing the host's work
         store.add_notification(session, notification, payload_of(request))
     return notification, True
@@ -134,17 +144,21 @@ def accept(
     now = clock()
     try:
         with sessions.begin() as session:
-            notification, new = stage(session, request, settings, now=now)
+            notification, new = stage(session, request, settings, now=now, accepting=True)
     except IntegrityError:
         # A twin handed over at the same moment won the insert: answer with its row.
         with sessions.begin() as session:
-            notification, new = stage(session, request, settings, now=now)
-    if new and notification.state == NotificationState.QUEUED:
-        published = enqueuer.enqueue_send([notification.id])
-        with sessions.begin() as session:
-            store.commit_without_waiting(session)  # lost in a database crash? the sweep publishes again
-            store.mark_enqueued(session, published, now=clock())
-    return status(sessions, request.event_id)
+            notification, new = stage(session, request, settings, now=now, accepting=True)
+    if not new:
+        return status(sessions, request.event_id)
+    # Stored as enqueued already: on the usual path nothing more is written. Should this process
+    # die before the publish, the row is published by the sweep once stale (stale_after_s).
+    if notification.state == NotificationState.QUEUED and not enqueuer.enqueue_send([notification.id]):
+        with sessions.begin() as session:  # the broker refused: the next sweep publishes it
+            store.forget_enqueued(session, [notification.id], marked_at=now)
+    # The record as stored: a new notification has no attempt yet (reading it back cost a
+    # transaction and two queries per hand-over).
+    return NotificationRecord.of(notification, [])
 
 
 def status(sessions: sessionmaker[Session], event_id: str) -> NotificationRecord:

@@ -67,6 +67,13 @@ def test_a_valid_request_is_stored_once_and_queued(dispatcher: Dispatcher, enque
     assert _rows(dispatcher) == 1
 
 
+@pytest.mark.parametrize("changes", [{}, {"send_at": "2030-01-01T09:00:00+00:00"}])
+def test_the_record_of_a_new_notification_is_what_the_store_holds(dispatcher: Dispatcher, changes: dict[str, Any]) -> None:
+    # notify builds it from the row it wrote instead of reading it back: the two must not differ
+    record = dispatcher.notify(_request(**changes))
+    assert record == dispatcher.status("evt-1")
+
+
 def test_the_same_event_again_returns_the_stored_notification(dispatcher: Dispatcher, enqueuer: ListEnqueuer) -> None:
     first = dispatcher.notify(_request())
     again = dispatcher.notify(_request())
