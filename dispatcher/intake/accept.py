@@ -8,7 +8,7 @@ notification; with a different request it is refused with :class:`EventConflict`
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -113,7 +113,8 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
     fallback_route = check_request(request, settings, now=now)
     _check_volume(session, request, settings, now=now)
     notification = moves.new_notification(
-        send_at=request.send_at,
+        # in UTC, as the store gives it back: the record built from this row is the one status() reads
+        send_at=request.send_at.astimezone(UTC) if request.send_at is not None else None,
         event_id=request.event_id,
         fingerprint=request.fingerprint(),
         route=request.route,
@@ -156,6 +157,7 @@ def accept(
     if notification.state == NotificationState.QUEUED and not enqueuer.enqueue_send([notification.id]):
         with sessions.begin() as session:  # the broker refused: the next sweep publishes it
             store.forget_enqueued(session, [notification.id], marked_at=now)
+        return status(sessions, request.event_id)  # that write changed updated_at
     # The record as stored: a new notification has no attempt yet (reading it back cost a
     # transaction and two queries per hand-over).
     return NotificationRecord.of(notification, [])

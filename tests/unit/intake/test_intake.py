@@ -67,11 +67,25 @@ def test_a_valid_request_is_stored_once_and_queued(dispatcher: Dispatcher, enque
     assert _rows(dispatcher) == 1
 
 
-@pytest.mark.parametrize("changes", [{}, {"send_at": "2030-01-01T09:00:00+00:00"}])
+@pytest.mark.parametrize("changes", [{}, {"send_at": "2030-01-01T09:00:00+00:00"}, {"send_at": "2030-01-01T09:00:00+02:00"}])
 def test_the_record_of_a_new_notification_is_what_the_store_holds(dispatcher: Dispatcher, changes: dict[str, Any]) -> None:
-    # notify builds it from the row it wrote instead of reading it back: the two must not differ
+    # notify builds it from the row it wrote instead of reading it back: the two must not differ,
+    # in JSON too (a model's == compares instants, not offsets)
     record = dispatcher.notify(_request(**changes))
-    assert record == dispatcher.status("evt-1")
+    assert record.model_dump_json() == dispatcher.status("evt-1").model_dump_json()
+
+
+def test_the_record_after_a_refused_publish_is_what_the_store_holds(tmp_path: Path,
+                                                                     clean_environment: pytest.MonkeyPatch) -> None:
+    class DownBroker:
+        def enqueue_send(self, ids: Any) -> list[int]:
+            return []
+
+    url = f"sqlite:///{tmp_path}/down.sqlite"
+    upgrade_database(url)
+    down = Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=url), enqueuer=DownBroker())
+    record = down.notify(_request())
+    assert record.model_dump_json() == down.status("evt-1").model_dump_json()
 
 
 def test_the_same_event_again_returns_the_stored_notification(dispatcher: Dispatcher, enqueuer: ListEnqueuer) -> None:
