@@ -110,7 +110,7 @@ def require_shared_limits(settings: Settings) -> None:
     if settings.limiter_redis_url is None and not settings.broker_url.startswith("filesystem://"):
         raise ConfigurationError(
             "DISPATCHER_REDIS_URL (redis_url)",
-            "is required when the broker is not Redis; the workers share "
+            "is required when the broker is neither redis:// nor the embedded filesystem://; the workers share "
             "the workspace's rate limits and circuit breaker through it, and without it each worker would "
             "send up to the whole limit"
         )

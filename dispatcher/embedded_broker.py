@@ -33,8 +33,9 @@ class Channel(filesystem.Channel):
     # kombu's two base classes name the second parameter differently; it is passed by position
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         folder = self.data_folder_out
-        # Kombu's name: the time orders messages in a queue, the queue name ends it.
-        final = os.path.join(folder, f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg")
+        # Kombu's name: the time orders messages in a queue, the queue name ends it. Zero-padded,
+        # so that names sort as the times do (kombu's own do not when the milliseconds gain a digit).
+        final = os.path.join(folder, f"{int(round(monotonic() * 1000)):015d}_{uuid.uuid4()}.{queue}.msg")
         writing = os.path.join(folder, f"{WRITING_PREFIX}{uuid.uuid4()}")
         try:
             with open(writing, "wb") as file:

@@ -35,13 +35,22 @@ class BacklogGate:
         self._counted_at: float | None = None
         self._backlog = 0
 
+    @property
+    def enabled(self) -> bool:
+        return self._max_backlog > 0
+
     def is_full(self) -> bool:
-        if self._max_backlog == 0:
+        if not self.enabled:
             return False
-        with self._lock:  # one count at a time; the others use its answer
-            now = self._clock()
-            if self._counted_at is None or now - self._counted_at >= RECOUNT_AFTER_S:
+        now = self._clock()
+        stale = self._counted_at is None or now - self._counted_at >= RECOUNT_AFTER_S
+        # One count at a time, and nobody waits for it: while one request counts, the others use
+        # the last answer. A store that hangs then holds one request, not every one in a queue.
+        if stale and self._lock.acquire(blocking=False):
+            try:
+                self._counted_at = now  # a count that fails is not retried for a second either
                 with self._sessions() as session:
                     self._backlog = count_waiting_for_a_worker(session)
-                self._counted_at = now
-            return self._backlog >= self._max_backlog
+            finally:
+                self._lock.release()
+        return self._backlog >= self._max_backlog

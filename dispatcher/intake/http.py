@@ -117,7 +117,7 @@ def create_intake_routes(
         event_id = "-"
         try:
             authenticate(request)
-            if await run_in_threadpool(backlog.is_full):
+            if backlog.enabled and await run_in_threadpool(backlog.is_full):
                 raise backlogged
             _check_content_type(request)
             body = await _read_body(request, max_body_bytes)

@@ -93,3 +93,21 @@ def test_a_gate_of_zero_never_counts() -> None:
 
     assert BacklogGate(sessionmaker(), max_backlog=0).is_full() is False
     assert BacklogGate(no_sessions, max_backlog=0).is_full() is False  # type: ignore[arg-type]
+
+
+def test_a_count_that_fails_is_not_tried_again_within_the_second() -> None:
+    calls: list[int] = []
+
+    def failing_sessions() -> Session:
+        calls.append(1)
+        raise OSError("the store does not answer")
+
+    clock = _Clock()
+    gate = BacklogGate(failing_sessions, max_backlog=5, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(OSError):
+        gate.is_full()
+    assert gate.is_full() is False and len(calls) == 1  # the others go on (and meet the store themselves)
+    clock.now += RECOUNT_AFTER_S
+    with pytest.raises(OSError):
+        gate.is_full()
+    assert len(calls) == 2
