@@ -184,15 +184,16 @@ def decide_after_external_failure(
     verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
     route = ctx.settings.routes.get(route_name)
     if resends_as_template(verdict, attempt_purpose=purpose, has_template=has_template) and route is not None:
+        now = ctx.clock()
         with ctx.sessions.begin() as session:
             resent = moves.resend_as_template(session, notification_id=notification_id, failed_number=number,
-                                              route=route_name, channel=route.channel.value, now=ctx.clock())
+                                              route=route_name, channel=route.channel.value, now=now)
+            if resent and enqueuer is not None:
+                store.mark_enqueued(session, [notification_id], now=now)
         if resent:
             log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
             if enqueuer is not None:
-                published = enqueuer.enqueue_send([notification_id])
-                with ctx.sessions.begin() as session:
-                    store.mark_enqueued(session, published, now=ctx.clock())
+                _publish_marked(notification_id, now, ctx, enqueuer)
             return "resend_as_template"
     reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
     return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
@@ -264,14 +265,24 @@ def decide_fallback(
             return "already_decided"
         if not fall_back:
             store.drop_payload(session, notification_id)
+        elif enqueuer is not None:
+            store.mark_enqueued(session, [notification_id], now=now)
     verdict = "fallback" if fall_back else "none"
     log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, reason)
     metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
     if fall_back and enqueuer is not None:
-        published = enqueuer.enqueue_send([notification_id])
-        with ctx.sessions.begin() as session:
-            store.mark_enqueued(session, published, now=ctx.clock())
+        _publish_marked(notification_id, now, ctx, enqueuer)
     return "fallback" if fall_back else "no_fallback"
+
+
+def _publish_marked(notification_id: int, marked_at: datetime, ctx: SendContext, enqueuer: Enqueuer) -> None:
+    """Publish the send task of a row the deciding transaction marked as enqueued. Marked before,
+    not after: a mark written after the publish could land after the task ran and undo its wait
+    (``next_try_at``), and the sweep could publish the row a second time in between. A publish
+    the broker refuses gives the row to the next sweep."""
+    if not enqueuer.enqueue_send([notification_id]):
+        with ctx.sessions.begin() as session:
+            store.forget_enqueued(session, [notification_id], marked_at=marked_at)
 
 
 def end_after_fallback_failed(notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext) -> str:
