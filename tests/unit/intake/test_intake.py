@@ -39,6 +39,21 @@ def dispatcher(tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest
     yield Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=url), enqueuer=enqueuer)
 
 
+class DownBroker:
+    """A broker that refuses every publish."""
+
+    def enqueue_send(self, ids: Any) -> list[int]:
+        return []
+
+
+@pytest.fixture()
+def down(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Dispatcher:
+    """A dispatcher whose broker refuses every publish."""
+    url = f"sqlite:///{tmp_path}/down.sqlite"
+    upgrade_database(url)
+    return Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=url), enqueuer=DownBroker())
+
+
 def _rows(dispatcher: Dispatcher) -> int:
     with dispatcher.sessions() as session:
         return int(session.scalar(select(func.count()).select_from(Notification)) or 0)
@@ -75,15 +90,7 @@ def test_the_record_of_a_new_notification_is_what_the_store_holds(dispatcher: Di
     assert record.model_dump_json() == dispatcher.status("evt-1").model_dump_json()
 
 
-def test_the_record_after_a_refused_publish_is_what_the_store_holds(tmp_path: Path,
-                                                                     clean_environment: pytest.MonkeyPatch) -> None:
-    class DownBroker:
-        def enqueue_send(self, ids: Any) -> list[int]:
-            return []
-
-    url = f"sqlite:///{tmp_path}/down.sqlite"
-    upgrade_database(url)
-    down = Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=url), enqueuer=DownBroker())
+def test_the_record_after_a_refused_publish_is_what_the_store_holds(down: Dispatcher) -> None:
     record = down.notify(_request())
     assert record.model_dump_json() == down.status("evt-1").model_dump_json()
 
@@ -252,14 +259,7 @@ def test_a_task_waiting_in_a_countdown_is_not_queued_again_before_it_is_stale(
                  clock=lambda: now + timedelta(seconds=221)) == 1  # that task was lost
 
 
-def test_an_enqueue_that_fails_is_relayed_by_the_sweep(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
-    class DownBroker:
-        def enqueue_send(self, ids: Any) -> list[int]:
-            return []
-
-    url = f"sqlite:///{tmp_path}/down.sqlite"
-    upgrade_database(url)
-    down = Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=url), enqueuer=DownBroker())
+def test_an_enqueue_that_fails_is_relayed_by_the_sweep(down: Dispatcher) -> None:
     assert down.notify(_request()).state == "queued"
     relay = ListEnqueuer()
     assert sweep(sessions=down.sessions, enqueuer=relay, stale_after_s=300) == 1
