@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from common import REPO, temp_database  # type: ignore[import-not-found]
 
@@ -61,9 +62,12 @@ def stage(database_url: str, rows: int, prefix: str) -> float:
     return time.perf_counter() - started
 
 
-def relay_all(database_url: str, broker_url: str, result: multiprocessing.Queue[list[int]] | None = None) -> list[int]:
+def relay_all(database_url: str, broker_url: str, result: multiprocessing.Queue[list[int]] | None = None,
+              ready: Any = None) -> list[int]:
     sessions = session_factory(shared_engine(database_url))
     enqueuer = Counting(broker_url)
+    if ready is not None:
+        ready.wait()  # the processes start together, once imported and connected: the clock starts then
     while sweep(sessions=sessions, enqueuer=enqueuer, stale_after_s=300):
         pass
     enqueuer.close()
@@ -100,10 +104,13 @@ def main() -> None:
             stage(database_url, args.rows, "two")
             context = multiprocessing.get_context("spawn")
             queue: multiprocessing.Queue[list[int]] = context.Queue()
-            processes = [context.Process(target=relay_all, args=(database_url, broker_url, queue)) for _ in range(2)]
-            started = time.perf_counter()
+            ready = context.Barrier(3)
+            processes = [context.Process(target=relay_all, args=(database_url, broker_url, queue, ready))
+                         for _ in range(2)]
             for process in processes:
                 process.start()
+            ready.wait()
+            started = time.perf_counter()
             published = [queue.get(timeout=600) for _ in processes]
             two_s = time.perf_counter() - started
             for process in processes:

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory")
+ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
@@ -41,6 +41,7 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
                     "--profile", "100" if quick else "300"],
         "memory": ["memory.py", "--sends", str(args.memory_sends or (10_000 if quick else 100_000))]
                   + (["--in-process"] if args.memory_in_process else []),
+        "relay": ["relay.py", "--rows", "3000" if quick else "10000"],
     }
 
 
