@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, case, exists, func, or_, update
+from sqlalchemy import Row, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
@@ -49,6 +49,22 @@ def _ends_in(move: str, side: str, state: str) -> str:
     chosen: Side | None = getattr(MOVES[move], side)
     assert chosen is not None and state in chosen.end, f"{move} cannot lead the {side} to {state}"
     return state
+
+
+def _one_statement(session: Session) -> bool:
+    """PostgreSQL runs a move's two updates as one statement (data-modifying CTEs), one round trip
+    instead of two on the hot path; SQLite has no such CTEs and runs them one after the other in
+    its transaction, with the same guards."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _both_or_neither(session: Session, taken: Any, move_notification: Any) -> Row[Any] | None:
+    """``WITH taken AS (<the attempt's guarded update> RETURNING ...), moved AS (<the notification's
+    guarded update, only when the attempt's won>) SELECT * FROM taken``: the attempt's row, or None
+    when its guard refused (and then the notification is left alone too). ``taken`` is the
+    attempt's update as a CTE."""
+    moved = move_notification.where(exists(select(taken.c[0]))).cte("moved")
+    return session.execute(select(taken).add_cte(moved)).one_or_none()
 
 
 def _won(result: Any) -> bool:
@@ -129,7 +145,7 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
     ``claims`` as read). Without that, a worker that looked for an earlier try's message and found
     none could claim after another worker's call, unseen by its look, had sent one."""
     start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
-    taken = session.execute(
+    take_attempt = (
         update(ATTEMPTS)
         .where(
             ATTEMPTS.c.id == attempt_id,
@@ -143,15 +159,19 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
                 in_flight_since=now, updated_at=now, inbox_id=target.inbox_id, contact_id=target.contact_id,
                 conversation_id=target.conversation_id, content_hash=target.content_hash)
     )
-    if not _won(taken):
-        return False
     sending = NotificationState.FALLING_BACK if fallback else NotificationState.SENDING
-    session.execute(
+    move_notification = (
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
         .values(state=sending, inbox_id=target.inbox_id, channel=target.channel,
                 conversation_id=target.conversation_id, updated_at=now, enqueued_at=now, next_try_at=None)
     )
+    if _one_statement(session):
+        taken = take_attempt.returning(ATTEMPTS.c.id).cte("taken")
+        return _both_or_neither(session, taken, move_notification) is not None
+    if not _won(session.execute(take_attempt)):
+        return False
+    session.execute(move_notification)
     return True
 
 
@@ -249,23 +269,36 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
            now: datetime, next_read_at: datetime | None) -> Accepted | None:
     """The workspace took the message: record its ID and first status on the attempt and the
     notification, and when reconciliation reads it back first (None: never, it is settled)."""
-    row = session.execute(
+    take_attempt = (
         update(ATTEMPTS)
         .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("accept", "attempt", state)))
         .values(state=state, message_id=message_id, accepted_at=now, status_at=now, next_read_at=next_read_at,
                 updated_at=now, content_hash=None, lease_until=None, error_kind=None, error_detail=None)
         .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
-    ).one_or_none()
+    )
+
+    def move_notification(inbox_id: Any, channel: Any, conversation_id: Any) -> Any:
+        return (
+            update(NOTIFICATIONS)
+            .where(NOTIFICATIONS.c.id == notification_id,
+                   NOTIFICATIONS.c.state.in_(_starts_for("accept", "notification", notification_state_for(state))))
+            .values(state=notification_state_for(state), message_id=message_id,
+                    conversation_id=conversation_id, inbox_id=inbox_id, channel=channel, accepted_at=now,
+                    delivery_state=state.value, error_kind=None, error_detail=None, updated_at=now)
+        )
+
+    if _one_statement(session):
+        # the notification takes the attempt's target from the attempt's own update, in the same statement
+        taken = take_attempt.cte("taken")
+        row = _both_or_neither(session, taken, move_notification(
+            select(taken.c.inbox_id).scalar_subquery(), select(taken.c.channel).scalar_subquery(),
+            select(taken.c.conversation_id).scalar_subquery()))
+    else:
+        row = session.execute(take_attempt).one_or_none()
+        if row is not None:
+            session.execute(move_notification(row.inbox_id, row.channel, row.conversation_id))
     if row is None:
         return None
-    session.execute(
-        update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id,
-               NOTIFICATIONS.c.state.in_(_starts_for("accept", "notification", notification_state_for(state))))
-        .values(state=notification_state_for(state), message_id=message_id,
-                conversation_id=row.conversation_id, inbox_id=row.inbox_id, channel=row.channel, accepted_at=now,
-                delivery_state=state.value, error_kind=None, error_detail=None, updated_at=now)
-    )
     return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
 
 
