@@ -27,7 +27,17 @@ if TYPE_CHECKING:
         WebhookRejected,
     )
     from dispatcher.intake.request import NotificationRequest
-    from dispatcher.service import Dispatcher, notify, status
+    from dispatcher.recipients.controls import Recipient
+    from dispatcher.service import (
+        Dispatcher,
+        is_suppressed,
+        notify,
+        record_consent,
+        status,
+        suppress,
+        unsuppress,
+        withdraw_consent,
+    )
     from dispatcher.settings import Settings, load_settings
     from dispatcher.store.record import AttemptRecord, NotificationRecord
 
@@ -35,6 +45,12 @@ _WHERE = {
     "notify": "dispatcher.service",
     "status": "dispatcher.service",
     "Dispatcher": "dispatcher.service",
+    "suppress": "dispatcher.service",
+    "unsuppress": "dispatcher.service",
+    "is_suppressed": "dispatcher.service",
+    "record_consent": "dispatcher.service",
+    "withdraw_consent": "dispatcher.service",
+    "Recipient": "dispatcher.recipients.controls",
     "NotificationRequest": "dispatcher.intake.request",
     "NotificationRecord": "dispatcher.store.record",
     "AttemptRecord": "dispatcher.store.record",

@@ -34,9 +34,12 @@ WORKSPACE_PAUSES = Counter(
 WEBHOOK_VERDICTS = Counter("dispatcher_webhook_verdicts_total", "Webhook deliveries by verdict.", ["verdict"])
 FALLBACK_DECISIONS = Counter("dispatcher_fallback_decisions_total", "Single fallback decisions taken.", ["decision"])
 OUTCOMES = Counter("dispatcher_outcomes_total", "Webhook outcomes applied, by result.", ["result"])
+RECIPIENT_REFUSALS = Counter("dispatcher_recipient_refusals_total",
+                             "Notifications ended unsent because the recipient opted out or gave no consent.", ["reason"])
+OPT_OUTS = Counter("dispatcher_opt_outs_total", "Opt-outs and opt-ins recorded, by source.", ["change", "source"])
 
 __all__ = [
-    "API_ERRORS", "CONTENT_TYPE_LATEST", "FALLBACK_DECISIONS", "OUTCOMES", "SEND_LATENCY", "SEND_RESULTS",
+    "API_ERRORS", "CONTENT_TYPE_LATEST", "FALLBACK_DECISIONS", "OPT_OUTS", "OUTCOMES", "RECIPIENT_REFUSALS", "SEND_LATENCY", "SEND_RESULTS",
     "WEBHOOK_VERDICTS", "NotificationStates", "render", "serve_worker_metrics",
 ]
 

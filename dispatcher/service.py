@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import NotificationRequest, parse_request
+from dispatcher.recipients.controls import Recipient, Recipients
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import session_factory, shared_engine
 from dispatcher.store.record import NotificationRecord
@@ -30,6 +31,9 @@ class Dispatcher:
             upgrade_database(settings.database_url)
         self.sessions: sessionmaker[Session] = session_factory(shared_engine(settings.database_url))
         self.enqueuer: Enqueuer = enqueuer or CeleryEnqueuer(settings.broker_url)
+        # Opt-outs and consent (docs/opt-outs.md): suppress, unsuppress, is_suppressed,
+        # record_consent, withdraw_consent, list, import_csv.
+        self.recipients = Recipients(self.sessions, settings)
 
     def notify(self, request: NotificationRequest | dict[str, Any] | str | bytes) -> NotificationRecord:
         """Accept one business event; the same event again returns the stored notification.
@@ -42,6 +46,26 @@ class Dispatcher:
     def status(self, event_id: str) -> NotificationRecord:
         """The notification's record; UnknownNotification when there is none."""
         return intake.status(self.sessions, event_id)
+
+    def suppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
+                 category: str | None = None) -> int:
+        """Opt a recipient out: nothing more is sent to it in that scope (every channel and category
+        unless narrowed), including notifications already scheduled or queued."""
+        return self.recipients.suppress(recipient, channel=channel, category=category)
+
+    def unsuppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
+                   category: str | None = None) -> int:
+        return self.recipients.unsuppress(recipient, channel=channel, category=category)
+
+    def is_suppressed(self, recipient: Recipient | dict[str, Any], *, channel: str, category: str = "service") -> bool:
+        return self.recipients.is_suppressed(recipient, channel=channel, category=category)
+
+    def record_consent(self, recipient: Recipient | dict[str, Any], *, reference: str,
+                       channel: str = "web_session") -> int:
+        return self.recipients.record_consent(recipient, reference=reference, channel=channel)
+
+    def withdraw_consent(self, recipient: Recipient | dict[str, Any], *, channel: str = "web_session") -> int:
+        return self.recipients.withdraw_consent(recipient, channel=channel)
 
 
 _default: Dispatcher | None = None
@@ -64,3 +88,24 @@ def notify(request: NotificationRequest | dict[str, Any] | str | bytes) -> Notif
 
 def status(event_id: str) -> NotificationRecord:
     return default_dispatcher().status(event_id)
+
+
+def suppress(recipient: Recipient | dict[str, Any], *, channel: str | None = None, category: str | None = None) -> int:
+    """Opt a recipient out (see :meth:`Dispatcher.suppress`)."""
+    return default_dispatcher().suppress(recipient, channel=channel, category=category)
+
+
+def unsuppress(recipient: Recipient | dict[str, Any], *, channel: str | None = None, category: str | None = None) -> int:
+    return default_dispatcher().unsuppress(recipient, channel=channel, category=category)
+
+
+def is_suppressed(recipient: Recipient | dict[str, Any], *, channel: str, category: str = "service") -> bool:
+    return default_dispatcher().is_suppressed(recipient, channel=channel, category=category)
+
+
+def record_consent(recipient: Recipient | dict[str, Any], *, reference: str, channel: str = "web_session") -> int:
+    return default_dispatcher().record_consent(recipient, reference=reference, channel=channel)
+
+
+def withdraw_consent(recipient: Recipient | dict[str, Any], *, channel: str = "web_session") -> int:
+    return default_dispatcher().withdraw_consent(recipient, channel=channel)

@@ -57,6 +57,11 @@ class ChannelKind(StrEnum):
     OTHER = "other"  # another provisioned channel (customer rooms, API inboxes)
 
 
+# Twilio's and the carriers' keywords, and their German forms (issue 19).
+DEFAULT_OPT_OUT_KEYWORDS = ("STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "STOPP", "ABMELDEN")
+DEFAULT_OPT_IN_KEYWORDS = ("START", "UNSTOP", "YES", "ANMELDEN")
+
+
 class Route(BaseModel):
     """A named way to reach a contact: one inbox, its channel kind, and an optional fallback route."""
 
@@ -69,11 +74,26 @@ class Route(BaseModel):
     template_required: bool = False  # force an approved template even inside the service window
     delivery_deadline_s: float = Field(default=900.0, gt=0)  # not delivered by then: decide on fallback
     max_per_minute: int | None = Field(default=None, gt=0)  # required for web_session routes
+    # Recipients decide (docs/opt-outs.md): the category of a notification that names none, and
+    # the whole replies, trimmed and in any case, that opt a contact out of / back into this channel.
+    category: str = Field(default="service", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    opt_out_keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_OPT_OUT_KEYWORDS))
+    opt_in_keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_OPT_IN_KEYWORDS))
+
+    @field_validator("opt_out_keywords", "opt_in_keywords")
+    @classmethod
+    def _keywords(cls, value: list[str]) -> list[str]:
+        words = [word.strip().upper() for word in value]
+        if any(not word or len(word) > 20 for word in words):
+            raise ValueError("keywords are 1 to 20 characters each")
+        return words
 
     @model_validator(mode="after")
     def _one_inbox_selector(self) -> Route:
         if (self.inbox_id is None) == (self.inbox_name is None):
             raise ValueError("give exactly one of inbox_id or inbox_name")
+        if set(self.opt_out_keywords) & set(self.opt_in_keywords):
+            raise ValueError("a keyword cannot both opt out and opt in")
         if self.channel is ChannelKind.WEB_SESSION and self.max_per_minute is None:
             raise ValueError("a web_session route needs max_per_minute (low volume only)")
         return self
@@ -182,6 +202,9 @@ class Settings(BaseSettings):
     status_read_wait_s: float = Field(default=2.0, ge=0)
     fallback_codes: list[str] = Field(default_factory=lambda: ["131026"])  # external_error codes that fall back
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
+    # Web-session routes send only to recipients who consented (contract rule 4): a consent_ref in
+    # the request, or consent recorded before. Off only where the host checks consent itself.
+    web_session_consent_required: bool = True
     unknown_error_falls_back: bool = True  # a failure with another code, or none
 
     # Retention: settled notifications (delivered, read, failed) unchanged this long are deleted by

@@ -119,6 +119,16 @@ class WebhookCreate(Body):
     webhook: WebhookSpec
 
 
+class OptOuts(Body):
+    """``POST /_sandbox/opt-outs``: set a contact's opt-outs as the channels hold them (the SMS
+    provider's STOP list, the platform's "stop marketing"); a field left out is left as it is."""
+
+    account_id: int = 1
+    contact_id: int
+    sms_opted_out: bool | None = None
+    marketing_opted_out: bool | None = None
+
+
 class Incoming(Body):
     """``POST /_sandbox/incoming``: a customer's message, ``age_s`` seconds ago, in a conversation
     (its display id) or on a contact/inbox pair."""

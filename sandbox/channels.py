@@ -41,9 +41,15 @@ ERROR_WINDOW_CLOSED = "131047: Re-engagement message"
 ERROR_PARAM_COUNT = "132000: Number of parameters does not match the expected number of params"
 ERROR_NO_TEMPLATE = "132001: Template name does not exist in the translation"
 ERROR_THROUGHPUT = "130429: Rate limit hit"
+ERROR_UNSUBSCRIBED = "21610: Attempt to send to unsubscribed recipient"
+ERROR_MARKETING_STOPPED = ("131050: Unable to deliver the message. This recipient has chosen to stop receiving "
+                           "marketing messages on WhatsApp from your business")
+# The SMS provider's own keywords (Twilio's): a whole reply that opts the number out, or back in.
+SMS_OPT_OUT_WORDS = frozenset({"STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "REVOKE", "OPTOUT"})
+SMS_OPT_IN_WORDS = frozenset({"START", "YES", "UNSTOP"})
 TEMPLATE_SECTIONS = frozenset({"body", "header", "buttons", "footer"})
 # Refused by the provider in its answer to the send, so no provider message id ever exists.
-SYNCHRONOUS_ERRORS = frozenset({ERROR_PARAM_COUNT, ERROR_NO_TEMPLATE, ERROR_THROUGHPUT})
+SYNCHRONOUS_ERRORS = frozenset({ERROR_PARAM_COUNT, ERROR_NO_TEMPLATE, ERROR_THROUGHPUT, ERROR_UNSUBSCRIBED})
 
 
 class SlidingWindow:
@@ -82,6 +88,23 @@ def template_error(inbox: Inbox, template_params: dict[str, Any]) -> str | None:
         return ERROR_NO_TEMPLATE
     if count_body_params(template_params.get("processed_params") or {}) != match.body_params:
         return ERROR_PARAM_COUNT
+    return None
+
+
+def template_category(inbox: Inbox, template_params: dict[str, Any]) -> str | None:
+    """The category the platform approved the template under (not what the request claims)."""
+    match = next((t for t in inbox.templates if t.name == template_params.get("name")
+                  and t.language == template_params.get("language")), None)
+    return match.category if match is not None else None
+
+
+def sms_keyword(content: str | None) -> bool | None:
+    """A reply the SMS provider acts on itself: True opts out, False opts back in, None neither."""
+    word = " ".join((content or "").split()).upper()
+    if word in SMS_OPT_OUT_WORDS:
+        return True
+    if word in SMS_OPT_IN_WORDS:
+        return False
     return None
 
 
@@ -140,11 +163,15 @@ class Channels:
         return opened is not None and self.store.clock() - opened < self.behaviour.service_window_s
 
     def plan(self, inbox: Inbox, contact: ContactRec, template_params: dict[str, Any] | None) -> Plan:
+        if inbox.channel_type == CHANNEL_SMS and contact.sms_opted_out:
+            return Plan("fail", ERROR_UNSUBSCRIBED)
         if inbox.channel_type == CHANNEL_PLATFORM:
             if template_params is not None:
                 error = template_error(inbox, template_params)
                 if error:
                     return Plan("fail", error)
+                if contact.marketing_opted_out and template_category(inbox, template_params) == "MARKETING":
+                    return Plan("fail", ERROR_MARKETING_STOPPED)
             elif not self.window_open(contact.id, inbox.id):
                 return Plan("fail", ERROR_WINDOW_CLOSED)
         rule = matching_rule(self.rules, inbox, contact)

@@ -95,6 +95,8 @@ class Contact(_Strict):
     phone_number: str | None = None
     email: str | None = None
     identifier: str | None = None
+    sms_opted_out: bool = False  # replied STOP to the SMS provider: sends fail 21610
+    marketing_opted_out: bool = False  # stopped marketing on the platform: marketing templates fail 131050
 
 
 class RecipientRule(_Strict):

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandbox import shapes
-from sandbox.bodies import Incoming, describe_errors
+from sandbox.bodies import Incoming, OptOuts, describe_errors
 from sandbox.records import NotFound
 from sandbox.responses import HttpError, int_query, json_error, parse_body
 from sandbox.runtime import Sandbox
@@ -108,6 +108,25 @@ async def incoming(request: Request) -> Response:
     )
 
 
+async def opt_outs(request: Request) -> Response:
+    """Set a contact's opt-outs on the channels' side; answers them as they now are."""
+    sandbox = _sandbox(request)
+    try:
+        body = await parse_body(request, OptOuts)
+        contact = sandbox.store.contact(body.account_id, body.contact_id)
+    except HttpError as exc:
+        return json_error(exc.status, exc.message, **exc.extra)
+    except NotFound as exc:
+        return json_error(404, str(exc))
+    if body.sms_opted_out is not None:
+        contact.sms_opted_out = body.sms_opted_out
+    if body.marketing_opted_out is not None:
+        contact.marketing_opted_out = body.marketing_opted_out
+    sandbox.store.save_contact(contact)
+    return JSONResponse({"contact_id": contact.id, "sms_opted_out": contact.sms_opted_out,
+                         "marketing_opted_out": contact.marketing_opted_out})
+
+
 async def reset(request: Request) -> Response:
     _sandbox(request).reset()
     return JSONResponse({"status": "reset"})
@@ -119,5 +138,6 @@ routes = [
     Route("/_sandbox/stats", stats, methods=["GET"]),
     Route("/_sandbox/faults", faults, methods=["GET", "PUT"]),
     Route("/_sandbox/incoming", incoming, methods=["POST"]),
+    Route("/_sandbox/opt-outs", opt_outs, methods=["POST"]),
     Route("/_sandbox/reset", reset, methods=["POST"]),
 ]

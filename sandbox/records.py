@@ -36,6 +36,10 @@ class ContactRec:
     identifier: str | None
     additional_attributes: dict[str, Any]
     created_at: float
+    # The channels' own opt-outs: the SMS provider refuses a number that replied STOP (21610) until
+    # START; the platform refuses marketing templates to a user who stopped them (131050).
+    sms_opted_out: bool = False
+    marketing_opted_out: bool = False
 
 
 @dataclass

@@ -13,8 +13,8 @@ import random
 from typing import Any
 
 from sandbox import persisted, shapes
-from sandbox.channels import ERROR_THROUGHPUT, Channels, Plan, SlidingWindow
-from sandbox.config import SandboxConfig
+from sandbox.channels import ERROR_THROUGHPUT, Channels, Plan, SlidingWindow, sms_keyword
+from sandbox.config import CHANNEL_SMS, SandboxConfig
 from sandbox.faults import FaultTable
 from sandbox.journal import Journal, Restored
 from sandbox.records import MESSAGE_INCOMING, MESSAGE_OUTGOING, ContactRec, ConversationRec, MessageRec, Unprocessable
@@ -183,6 +183,12 @@ class Sandbox:
             created_at=created_at,
         )
         self.store.open_window(conversation.contact_id, conversation.inbox_id, created_at)
+        contact = self.store.contacts.get(conversation.contact_id)
+        opted_out = sms_keyword(content)
+        if (opted_out is not None and contact is not None
+                and self.store.inboxes[conversation.inbox_id].channel_type == CHANNEL_SMS):
+            contact.sms_opted_out = opted_out  # the provider honours STOP/START itself, as Twilio does
+            self.store.save_contact(contact)
         self.announce_message(message, "message_created")
         return message
 

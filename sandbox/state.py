@@ -86,6 +86,7 @@ class Store:
                 email=seeded.email,
                 identifier=seeded.identifier,
                 contact_id=seeded.id,
+                sms_opted_out=seeded.sms_opted_out, marketing_opted_out=seeded.marketing_opted_out,
             )
 
     # -- persistence (sandbox/persisted.py rebuilds a store from the journal) -----------------
@@ -157,6 +158,7 @@ class Store:
         identifier: str | None,
         additional_attributes: dict[str, Any] | None = None,
         contact_id: int | None = None,
+        sms_opted_out: bool = False, marketing_opted_out: bool = False,
     ) -> ContactRec:
         """Create a contact; 422 if identifier, phone or e-mail is already taken in the account."""
         taken = []
@@ -185,10 +187,14 @@ class Store:
             identifier=identifier,
             additional_attributes=dict(additional_attributes or {}),
             created_at=self.clock(),
+            sms_opted_out=sms_opted_out, marketing_opted_out=marketing_opted_out,
         )
         self.contacts[contact.id] = contact
-        self.journal.write("contact", dataclasses.asdict(contact))
+        self.save_contact(contact)
         return contact
+
+    def save_contact(self, contact: ContactRec) -> None:
+        self.journal.write("contact", dataclasses.asdict(contact))
 
     def search_contacts(self, account_id: int, query: str) -> list[ContactRec]:
         """Case-insensitive substring match over name, email, phone and identifier, by id."""

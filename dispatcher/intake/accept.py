@@ -18,6 +18,10 @@ from dispatcher.errors import EventConflict, EventSpent, InvalidEvent, UnknownNo
 from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
+from dispatcher.recipients import suppressions
+from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.recipients.platform import MARKETING
+from dispatcher.recipients.policy import needs_consent
 from dispatcher.settings import ChannelKind, Route, Settings
 from dispatcher.store import queries as store
 from dispatcher.store.models import Notification, utcnow
@@ -88,6 +92,33 @@ def _check_volume(session: Session, request: NotificationRequest, settings: Sett
         )
 
 
+def _check_consent(session: Session, request: NotificationRequest, fallback_route: str | None, settings: Settings, *,
+                   now: datetime) -> None:
+    """A route that needs consent (web-session, contract rule 4) takes the request's ``consent_ref``
+    (recorded here, as a keyed hash) or consent the host recorded before; else the request is refused."""
+    needing = [name for name in (request.route, fallback_route)
+               if name is not None and needs_consent(settings.routes[name], settings)]
+    if not needing:
+        return
+    keys = keys_of_contact(request.contact, key=settings.hashing_key)
+    channel = ChannelKind.WEB_SESSION.value
+    if request.consent_ref is not None:
+        suppressions.record_consent(session, account_id=settings.account_id, keys=keys, channel=channel,
+                                    reference=store.event_key(request.consent_ref, key=settings.hashing_key), now=now)
+    elif not suppressions.has_consent(session, account_id=settings.account_id, keys=keys, channel=channel):
+        raise InvalidEvent("consent_ref", f"route {needing[0]!r} (web_session) sends only with the recipient's consent: "
+                                          "give consent_ref, or record the consent first")
+
+
+def _category(request: NotificationRequest, settings: Settings) -> str:
+    """The request's category; else ``marketing`` for a template approved as MARKETING; else the route's."""
+    if request.category is not None:
+        return request.category
+    if request.template is not None and request.template.category == "MARKETING":
+        return MARKETING
+    return settings.routes[request.route].category
+
+
 def payload_of(request: NotificationRequest) -> dict[str, object]:
     """What a send still needs; stored apart from the notification and deleted when done."""
     return SendPayload.of(request).stored()
@@ -112,6 +143,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         raise EventSpent(request.event_id)
     fallback_route = check_request(request, settings, now=now)
     _check_volume(session, request, settings, now=now)
+    _check_consent(session, request, fallback_route, settings, now=now)
     notification = moves.new_notification(
         # in UTC, as the store gives it back: the record built from this row is the one status() reads
         send_at=request.send_at.astimezone(UTC) if request.send_at is not None else None,
@@ -120,6 +152,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         route=request.route,
         fallback_route=fallback_route,
         channel=settings.routes[request.route].channel.value,
+        category=_category(request, settings),
         created_at=now,
         updated_at=now,
     )

@@ -54,6 +54,7 @@ from dispatcher.settings import ENV_PREFIX, load_settings
 log = logging.getLogger(__name__)
 
 NOTIFICATIONS_PATH = "/v1/notifications"
+RECIPIENTS_PATH = "/v1/recipients"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_RETRY_AFTER_S = 10
 TOKEN_VARIABLE = f"{ENV_PREFIX}INTAKE_TOKEN"
@@ -61,7 +62,7 @@ TOKEN_VARIABLE = f"{ENV_PREFIX}INTAKE_TOKEN"
 _EVENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # as NotificationRequest.event_id
 _PLAIN_FIELD = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
 _SCHEMA_NAMES = frozenset({"body", *NotificationRequest.model_fields, *ContactDetails.model_fields,
-                           *TemplateChoice.model_fields})
+                           *TemplateChoice.model_fields, "recipient", "reference", "header", "action"})
 _NO_STORE = {"Cache-Control": "no-store"}
 # Every method reaches the endpoints, so that a wrong one is answered 405 in JSON too.
 _ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -79,6 +80,35 @@ class _Refusal(Exception):
 
 _STORE_UNAVAILABLE = _Refusal(503, "store_unavailable", None, "the store is unavailable; try again", {"Retry-After": "5"})
 _INTERNAL_ERROR = _Refusal(500, "internal_error", None, "the request could not be handled; try again")
+
+
+def _recipient_field(data: dict[str, Any]) -> dict[str, Any]:
+    recipient = data.get("recipient")
+    if not isinstance(recipient, dict):
+        raise InvalidEvent("recipient", "is required: an object with identifier, phone_number or email")
+    return recipient
+
+
+def _text(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidEvent(name, "must be a string")
+    return value
+
+
+_RECIPIENT_ACTIONS: dict[str, Callable[[Dispatcher, dict[str, Any]], dict[str, Any]]] = {
+    "suppress": lambda d, data: {"added": d.suppress(_recipient_field(data), channel=_text(data, "channel"),
+                                                     category=_text(data, "category"))},
+    "unsuppress": lambda d, data: {"lifted": d.unsuppress(_recipient_field(data), channel=_text(data, "channel"),
+                                                          category=_text(data, "category"))},
+    "check": lambda d, data: {"suppressed": d.is_suppressed(_recipient_field(data),
+                                                            channel=_text(data, "channel") or "*",
+                                                            category=_text(data, "category") or "service")},
+    "consent": lambda d, data: {"recorded": d.record_consent(_recipient_field(data), reference=_text(data, "reference") or "",
+                                                             channel=_text(data, "channel") or "web_session")},
+    "withdraw_consent": lambda d, data: {"withdrawn": d.withdraw_consent(
+        _recipient_field(data), channel=_text(data, "channel") or "web_session")},
+}
 
 
 def create_intake_routes(
@@ -163,7 +193,36 @@ def create_intake_routes(
             return _error(_INTERNAL_ERROR)
         return JSONResponse(record.model_dump(mode="json"), headers=_NO_STORE)
 
+    async def recipients(request: Request) -> Response:
+        """``POST /v1/recipients/{action}``: the host's opt-out and consent controls (docs/opt-outs.md).
+        The recipient travels in the body, never in the URL."""
+        action = str(request.path_params.get("action", ""))
+        if request.method != "POST":
+            return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
+        try:
+            authenticate(request)
+            if action not in _RECIPIENT_ACTIONS:
+                raise _Refusal(404, "not_found", "action", f"one of {', '.join(sorted(_RECIPIENT_ACTIONS))}")
+            _check_content_type(request)
+            data = _parse_json(await _read_body(request, max_body_bytes))
+            if not isinstance(data, dict) or set(data) - {"recipient", "channel", "category", "reference"}:
+                raise InvalidEvent("body", "an object with recipient and, as the action needs, channel, category, reference")
+            answer = await run_in_threadpool(_RECIPIENT_ACTIONS[action], dispatcher, data)
+        except _Refusal as refusal:
+            return _refused(refusal, "-")
+        except InvalidEvent as invalid:
+            return _refused(_Refusal(422, "invalid_request", _safe_field(invalid.field), invalid.problem), "-")
+        except SQLAlchemyError as error:
+            log.error("recipients %s not done: %s (503)", action, type(error).__name__)
+            return _error(_STORE_UNAVAILABLE)
+        except Exception as error:
+            log.error("recipients %s failed: %s (500)", action, type(error).__name__)
+            return _error(_INTERNAL_ERROR)
+        log.info("recipients %s: done (200)", action)
+        return JSONResponse(answer, headers=_NO_STORE)
+
     return [
+        Route(RECIPIENTS_PATH + "/{action}", recipients, methods=_ANY_METHOD, name="intake_recipients"),
         Route(NOTIFICATIONS_PATH, notifications, methods=_ANY_METHOD, name="intake_notify"),
         Route(NOTIFICATIONS_PATH + "/{event_id:path}", notification_status, methods=_ANY_METHOD, name="intake_status"),
     ]

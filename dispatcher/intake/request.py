@@ -90,6 +90,12 @@ class NotificationRequest(BaseModel):
     template: TemplateChoice | None = None
     fallback_route: Name | None = None
     send_at: AwareDatetime | None = None
+    # what kind of notification this is, for opt-outs by category; the route's category when absent
+    category: Name | None = None
+    # the host's reference to the recipient's consent (web-session routes need one, or consent
+    # recorded earlier); kept only as a keyed hash
+    consent_ref: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200,
+                                                  pattern=r"^[\x21-\x7e]+$")] | None = Field(default=None, repr=False)
     metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64), PLAIN], MetadataValue] = Field(
         default_factory=dict, repr=False
     )

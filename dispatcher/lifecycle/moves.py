@@ -422,6 +422,33 @@ def end_failed(session: Session, *, notification_id: int, error_kind: str, detai
     ))
 
 
+def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
+                  now: datetime) -> bool:
+    """The recipient said no (``opted_out``) or the route's consent is missing (``no_consent``):
+    the attempt fails before any call and the notification ends with that reason. The decision is
+    stored as "none" (when none was made), so nothing falls back to another channel."""
+    moved = session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id,
+               ATTEMPTS.c.state.in_(_starts_for("end_opted_out", "attempt", AttemptState.FAILED)))
+        .values(state=AttemptState.FAILED, error_kind=error_kind, error_detail=_detail(detail), lease_until=None,
+                status_at=now, updated_at=now)
+    )
+    if not _won(moved):
+        return False
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id,
+               NOTIFICATIONS.c.state.in_(_starts_for("end_opted_out", "notification", NotificationState.FAILED)))
+        .values(state=NotificationState.FAILED, delivery_state=AttemptState.FAILED.value, error_kind=error_kind,
+                error_detail=_detail(detail), updated_at=now,
+                fallback_decision=func.coalesce(NOTIFICATIONS.c.fallback_decision, "none"),
+                fallback_reason=func.coalesce(NOTIFICATIONS.c.fallback_reason, error_kind),
+                fallback_decided_at=func.coalesce(NOTIFICATIONS.c.fallback_decided_at, now))
+    )
+    return True
+
+
 def _insert_ignoring_conflict(session: Session, values: dict[str, Any]) -> None:
     dialect_insert = insert_for(session)
     session.execute(dialect_insert(ATTEMPTS).values(**values).on_conflict_do_nothing())

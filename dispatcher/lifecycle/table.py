@@ -111,6 +111,10 @@ MOVES: dict[str, Move] = {
         Move("resend_as_template", "131047 on free text: send the request's approved template once, on the same route, as a new attempt",
              notification=every([N.ACCEPTED, N.SENT], [N.SENDING], "the failed attempt is the current one; once"),
              attempt=every([NEW], [A.QUEUED], "the template attempt")),
+        Move("end_opted_out", "the recipient opted out of the route's channel and category, or the route needs consent "
+             "that is not given: no message and no fallback",
+             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED], "checked in the transaction that would claim it"),
+             notification=every(SENDABLE_NOTIFICATION_STATES, [N.FAILED], "ends with opted_out or no_consent")),
         Move("end_failed", "the fallback failed too: nothing more is sent",
              notification=every(AFTER_FALLBACK, [N.FAILED])),
     )

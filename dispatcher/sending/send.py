@@ -43,6 +43,9 @@ from dispatcher.policy.fallback import OUTCOME_UNKNOWN
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
+from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.recipients.policy import needs_consent
+from dispatcher.recipients.suppressions import Blocked, blocking_reason
 from dispatcher.sending.recover import find_sent_message
 from dispatcher.sending.resolve import (
     NotContactable,
@@ -105,6 +108,7 @@ class _Job:
     content_hash: str | None
     in_flight_since: Any
     claims: int  # the attempt's claims as this run read them: its own claim must find the same count
+    category: str = "service"  # what the recipient may have opted out of, besides the channel
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
     re_resolved: bool = False  # a 404 already made this attempt forget its contact once
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
@@ -280,9 +284,12 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             re_resolved=attempt.error_kind == moves.RE_RESOLVING,
             created_at=notification.created_at,
             send_at=notification.send_at,
+            category=notification.category,
         )
         if payload is None:
             pass  # failed below, outside this transaction
+        elif job.attempt_state is AttemptState.QUEUED and (blocked := _recipient_said_no(session, job, ctx, now=now)):
+            return blocked  # before any call; an in-flight or unknown attempt is looked for first
         elif job.attempt_state is AttemptState.QUEUED and job.tries <= ctx.plan.max_tries:
             job = _start_if_known(session, job, ctx, now=now)
         if job.started is None:
@@ -325,6 +332,29 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
     if not _mark_in_flight(session, job, ctx, target, body, now=now):
         return job
     return replace(job, started=target, body=body)
+
+
+def _recipient_said_no(session: Session, job: _Job, ctx: SendContext, *, now: datetime) -> SendResult | None:
+    """The recipient opted out of this channel and category, or the route needs consent that is
+    not recorded: end the notification (no call, no fallback) in the caller's transaction, the
+    one that would claim the attempt. None: the send may go on."""
+    blocked = blocking_reason(session, account_id=ctx.settings.account_id,
+                              keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
+                              channel=job.route.channel.value, category=job.category,
+                              needs_consent=needs_consent(job.route, ctx.settings))
+    if blocked is None:
+        return None
+    if blocked is Blocked.OPTED_OUT:
+        detail = f"the recipient opted out of {job.route.channel.value} ({job.category}); nothing was sent"
+    else:
+        detail = f"route {job.route_name!r} needs the recipient's consent and none is recorded; nothing was sent"
+    if not moves.end_opted_out(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                               error_kind=blocked.value, detail=detail, now=now):
+        return SendResult(Outcome.SKIPPED, "the attempt moved on since this run read it")
+    store.drop_payload(session, job.notification_id)  # nothing more will be sent: the content goes now
+    log.warning("attempt %s of notification %s not sent: %s", job.attempt_number, job.notification_id, blocked.value)
+    metrics.RECIPIENT_REFUSALS.labels(reason=blocked.value).inc()
+    return SendResult(Outcome.FAILED, f"{blocked.value}: {detail}")
 
 
 def _mark_in_flight(
@@ -394,7 +424,12 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        taken = _mark_in_flight(session, job, ctx, target, body, now=now)
+        # Asked again in the claim's own transaction: an opt-out that came while this run looked
+        # the contact up stops it here.
+        blocked = _recipient_said_no(session, job, ctx, now=now)
+        taken = blocked is None and _mark_in_flight(session, job, ctx, target, body, now=now)
+    if blocked is not None:
+        return blocked
     if not taken:
         return SendResult(Outcome.SKIPPED, "another worker claimed the attempt since this run read it")
     return _create_message(job, ctx, conversation_id, body)

@@ -97,6 +97,8 @@ class Notification(Base):
     fallback_decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The attempt the host's state follows: 1, then the template resend or the fallback, by number.
     current_attempt: Mapped[int] = mapped_column(SmallInteger, default=1, server_default="1")
+    # what kind of notification it is, for opt-outs by category ("service", "marketing", ...)
+    category: Mapped[str] = mapped_column(String(64), default="service", server_default="service")
 
 
 class Attempt(Base):
@@ -151,7 +153,7 @@ class KnownContact(Base):
 
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     identity_key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    contact_id: Mapped[int] = mapped_column(BigInteger)
+    contact_id: Mapped[int] = mapped_column(BigInteger, index=True)  # back to the keys, for a reply's opt-out
     # when the contact was first resolved: retention forgets a contact's bindings once this is past
     # the period and no notification left in the store was sent to it
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -236,6 +238,51 @@ class SpentEvent(Base):
 
     event_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     spent_until: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class Suppression(Base):
+    """An active opt-out: this recipient gets nothing on ``channel`` in ``category`` ("*": all).
+
+    The recipient is a keyed hash of a normalised identifier (phone, e-mail or the host's contact
+    identifier), never the identifier. Kept while active, whatever retention says; lifting it
+    deletes the row and leaves a :class:`SuppressionChange`."""
+
+    __tablename__ = "suppressions"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    recipient_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(20), primary_key=True)
+    category: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(20))  # keyword, platform, host, consent_withdrawn
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class SuppressionChange(Base):
+    """The audit trail of opt-outs, opt-ins and consent: what changed, when and why; no content."""
+
+    __tablename__ = "suppression_changes"
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    account_id: Mapped[int] = mapped_column(BigInteger)
+    recipient_key: Mapped[str] = mapped_column(String(64), index=True)
+    channel: Mapped[str] = mapped_column(String(20))
+    category: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(20))  # suppressed, lifted, consented, consent_withdrawn
+    reason: Mapped[str] = mapped_column(String(20))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Consent(Base):
+    """A recipient's recorded consent to sends on a channel that needs it (the web-session channel);
+    ``reference`` is the host's own reference to its consent record."""
+
+    __tablename__ = "consents"
+
+    account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    recipient_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(20), primary_key=True)
+    reference: Mapped[str] = mapped_column(String(100))
+    granted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 def table_of(model: type[Base]) -> Table:

@@ -54,6 +54,7 @@ _LOAD_FOR_SEND = (
         NOTIFICATIONS.c.current_attempt,
         NOTIFICATIONS.c.created_at,
         NOTIFICATIONS.c.send_at,
+        NOTIFICATIONS.c.category,
         _CURRENT.c.route.label("attempt_route"),  # None until the first attempt's row exists
         _CURRENT.c.purpose.label("attempt_purpose"),
         PAYLOADS.c.body,
@@ -71,12 +72,19 @@ _ATTEMPT_COLUMNS = (
 )
 
 
-def identity_key(*, key: bytes, identifier: str | None = None, phone_number: str | None = None) -> str:
+def identity_key(*, key: bytes, identifier: str | None = None, phone_number: str | None = None,
+                 email: str | None = None) -> str:
     """A stable key for a contact identity: a keyed hash (HMAC-SHA256, the settings' hashing key),
-    so neither the phone number nor anything that could be enumerated back to it is stored."""
-    kind, value = ("identifier", identifier) if identifier is not None else ("phone", phone_number)
-    if value is None:
-        raise ValueError("identity_key needs an identifier or a phone number")
+    so neither the phone number nor anything that could be enumerated back to it is stored. An
+    e-mail address is lower-cased first (suppressions by e-mail match whatever case a host sends)."""
+    if identifier is not None:
+        kind, value = "identifier", identifier
+    elif phone_number is not None:
+        kind, value = "phone", phone_number
+    elif email is not None:
+        kind, value = "email", email.strip().lower()
+    else:
+        raise ValueError("identity_key needs an identifier, a phone number or an e-mail address")
     return hmac.new(key, f"{kind}\0{value}".encode(), hashlib.sha256).hexdigest()
 
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import select
 
 from dispatcher import metrics
 from dispatcher.api import ApiError
@@ -26,6 +27,9 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import next_read_at
+from dispatcher.recipients import keywords, platform, suppressions
+from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.settings import Route
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Notification
 from dispatcher.tracking.webhooks.events import EventSummary
@@ -59,7 +63,8 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, 
     """
     event = summary.event
     if event == "message_created" and summary.message_type == "incoming":
-        return open_window(summary, ctx)
+        opened = open_window(summary, ctx)
+        return apply_reply(summary, ctx) or opened
     if event not in ("message_created", "message_updated") or summary.message_id is None:
         return "ignored"
     message_id = summary.message_id
@@ -101,6 +106,80 @@ def open_window(summary: EventSummary, ctx: SendContext) -> str:
             session, account_id=ctx.settings.account_id, contact_id=summary.contact_id, inbox_id=summary.inbox_id, at=at
         )
     return "window_opened"
+
+
+def apply_reply(summary: EventSummary, ctx: SendContext) -> str | None:
+    """An incoming reply that is, whole, an opt-out keyword of the route it came in on suppresses
+    its sender on that route's channel, for every category; an opt-in keyword lifts what replies
+    and the provider recorded there. None: not a keyword reply of any route's inbox."""
+    if summary.reply_keyword is None or summary.inbox_id is None:
+        return None
+    routes = [route for route in ctx.settings.routes.values() if _inbox_of(route, ctx) == summary.inbox_id]
+    intents = {(intent, route.channel.value) for route in routes
+               if (intent := keywords.reply_intent(summary.reply_keyword, route)) is not None}
+    if not intents:
+        return "ignored_reply"
+    now, account_id = ctx.clock(), ctx.settings.account_id
+    with ctx.sessions.begin() as session:
+        keys = set(summary.sender_keys)
+        if summary.contact_id is not None:
+            keys.update(suppressions.keys_of_workspace_contact(session, account_id=account_id,
+                                                               contact_id=summary.contact_id))
+        if not keys:
+            return "ignored_reply_unknown_sender"
+        for intent, channel in sorted(intents):
+            if intent == "opt_out":
+                suppressions.suppress(session, account_id=account_id, keys=sorted(keys),
+                                      scope=suppressions.Scope(channel=channel), reason=suppressions.Reason.KEYWORD, now=now)
+            else:
+                suppressions.lift_channel(session, account_id=account_id, keys=sorted(keys), channel=channel,
+                                          reason=suppressions.Reason.KEYWORD, now=now)
+    change = "opted_out" if any(intent == "opt_out" for intent, _ in intents) else "opted_in"
+    metrics.OPT_OUTS.labels(change=change, source="keyword").inc()
+    log.info("a reply keyword on inbox %s: recipient %s", summary.inbox_id, change.replace("_", " "))
+    return change
+
+
+def _inbox_of(route: Route, ctx: SendContext) -> int | None:
+    if route.inbox_id is not None:
+        return route.inbox_id
+    try:
+        inbox = ctx.inboxes.resolve(route)
+    except ApiError:
+        return None  # the inbox list cannot be read now: such a reply is checked by ID routes only
+    return inbox.id if inbox is not None else None
+
+
+def record_platform_opt_out(notification_id: int, external_error: str | None, ctx: SendContext) -> bool:
+    """A provider code that means "this person opted out" (21610, 131050): suppress the recipient
+    of the notification's current attempt in that code's scope. Whether it was such a code."""
+    now, account_id = ctx.clock(), ctx.settings.account_id
+    with ctx.sessions.begin() as session:
+        notification = session.get(Notification, notification_id)
+        if notification is None:
+            return False
+        attempt = session.execute(
+            select(Attempt).where(Attempt.notification_id == notification_id,
+                                  Attempt.number == notification.current_attempt)
+        ).scalar_one_or_none()
+        scope = platform.opt_out_scope(external_error, channel=attempt.channel if attempt else notification.channel or "")
+        if scope is None:
+            return False
+        keys = set()
+        if attempt is not None and attempt.contact_id is not None:
+            keys.update(suppressions.keys_of_workspace_contact(session, account_id=account_id,
+                                                               contact_id=attempt.contact_id))
+        body = store.load_payload(session, notification_id)
+        if body is not None:
+            try:
+                keys.update(keys_of_contact(SendPayload.model_validate(body).contact, key=ctx.settings.hashing_key))
+            except ValidationError:
+                pass
+        suppressions.suppress(session, account_id=account_id, keys=sorted(keys), scope=scope,
+                              reason=suppressions.Reason.PLATFORM, now=now)
+    metrics.OPT_OUTS.labels(change="opted_out", source="platform").inc()
+    log.info("notification %s: the provider says its recipient opted out (%s)", notification_id, scope.describe())
+    return True
 
 
 def read_outcome(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> Outcome | None:
@@ -163,17 +242,27 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None)
     if new is not AttemptState.FAILED:
         return f"applied_{new.value}"
     if purpose is AttemptPurpose.FALLBACK:
-        return end_after_fallback_failed(notification_id, "external_error", outcome.external_error, ctx)
+        return end_fallback_after_external_failure(notification_id, outcome.external_error, ctx)
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
+
+
+def end_fallback_after_external_failure(notification_id: int, external_error: str | None, ctx: SendContext) -> str:
+    kind = "opted_out" if record_platform_opt_out(notification_id, external_error, ctx) else "external_error"
+    return end_after_fallback_failed(notification_id, kind, external_error, ctx)
 
 
 def decide_after_external_failure(
     notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None, *,
     purpose: AttemptPurpose = AttemptPurpose.FIRST,
 ) -> str:
-    """The current attempt's message failed. 131047 on the first send of a request that carries an
-    approved template: resend as that template, once, on the same route. Otherwise classify the
-    error code and make the single fallback decision."""
+    """The current attempt's message failed. The provider says the recipient opted out (21610,
+    131050): record it, and end without a fallback. 131047 on the first send of a request that
+    carries an approved template: resend as that template, once, on the same route. Otherwise
+    classify the error code and make the single fallback decision."""
+    if record_platform_opt_out(notification_id, external_error, ctx):
+        return decide_fallback(notification_id, fall_back=False, reason="opted_out on the provider; no fallback",
+                               failed=True, ctx=ctx, enqueuer=enqueuer, error_kind="opted_out",
+                               error_detail=external_error)
     with ctx.sessions() as session:
         notification = session.get(Notification, notification_id)
         body = store.load_payload(session, notification_id)
@@ -209,7 +298,9 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     with ctx.sessions() as session:
         undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
     for notification_id, purpose, error_kind, error_detail in undecided:
-        if purpose == AttemptPurpose.FALLBACK:
+        if purpose == AttemptPurpose.FALLBACK and error_kind == "external_error":
+            end_fallback_after_external_failure(notification_id, error_detail, ctx)
+        elif purpose == AttemptPurpose.FALLBACK:
             end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
         elif error_kind == "external_error":
             decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))

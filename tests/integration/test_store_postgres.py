@@ -88,7 +88,8 @@ def test_a_capped_route_takes_exactly_its_cap_from_fifty_concurrent_hosts(
         start.wait()
         try:
             dispatcher.notify({"event_id": f"cap-{n}", "route": "web_session", "content": "Your visit is confirmed",
-                               "contact": {"identifier": f"p{n}", "phone_number": "+15550300099"}})
+                               "contact": {"identifier": f"p{n}", "phone_number": "+15550300099"},
+                               "consent_ref": f"form-{n}"})
         except InvalidEvent as refused:
             assert refused.field == "route"
             return "refused"

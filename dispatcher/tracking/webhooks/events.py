@@ -16,6 +16,9 @@ Tolerant reading (field notes, "Webhook deliveries in the field"):
   never read.
 * ``created_at`` is ISO-8601 or unix seconds; both become an aware UTC datetime.
 * An ID is a positive integer below 2**63 (a digit string is accepted); anything else is None.
+* An incoming message's text is read only to see whether it is, whole, one of the routes' opt-out
+  or opt-in keywords (``reply_words``): then the keyword is kept, with keyed hashes of the sender's
+  phone number, e-mail and identifier (``sender_keys``); any other text is forgotten.
 
 Only ``message_created`` and ``message_updated`` are read for message fields; other events are
 kept as ``event="other"`` with every field None, so the consumer can mark them ignored.
@@ -28,6 +31,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from dispatcher.intake.request import E164
+from dispatcher.recipients.keys import recipient_keys
+from dispatcher.recipients.keywords import keyword_of
 
 MESSAGE_EVENTS = ("message_created", "message_updated")
 _STATUSES = ("sent", "delivered", "read", "failed")  # the service's enum order
@@ -52,16 +59,23 @@ class EventSummary(BaseModel):
     account_id: int | None = None
     contact_id: int | None = None
     created_at: datetime | None = None
+    reply_keyword: str | None = None  # an incoming message that is, whole, an opt-out or opt-in keyword
+    sender_keys: tuple[str, ...] = ()  # that reply's sender, as keyed hashes (docs/opt-outs.md)
 
 
-def summarize(payload: Mapping[str, Any]) -> EventSummary | None:
+def summarize(payload: Mapping[str, Any], *, reply_words: frozenset[str] = frozenset(),
+              hashing_key: bytes | None = None) -> EventSummary | None:
     """The summary of a webhook payload, or None when it is not an event (no string ``event``)."""
     if not isinstance(payload, Mapping) or not isinstance(payload.get("event"), str):
         return None
     if payload["event"] not in MESSAGE_EVENTS:
         return EventSummary(event="other")
     conversation = _mapping(payload.get("conversation"))
+    message_type = _choice(payload.get("message_type"), _TYPES)
+    keyword = keyword_of(payload.get("content"), reply_words) if message_type == "incoming" else None
     return EventSummary(
+        reply_keyword=keyword,
+        sender_keys=_sender_keys(payload, hashing_key) if keyword is not None and hashing_key else (),
         event=payload["event"],
         message_id=_id(payload.get("id")),
         status=_choice(payload.get("status"), _STATUSES),
@@ -74,6 +88,20 @@ def summarize(payload: Mapping[str, Any]) -> EventSummary | None:
         contact_id=_contact_id(payload, conversation, incoming=_choice(payload.get("message_type"), _TYPES) == "incoming"),
         created_at=_time(payload.get("created_at")),
     )
+
+
+def _sender_keys(payload: Mapping[str, Any], hashing_key: bytes) -> tuple[str, ...]:
+    """Keyed hashes of the sender's phone number, e-mail and identifier, where the payload has them
+    (a stock sender does; the contract's ``{id, name, type}`` does not: then the consumer asks the
+    contact cache by the contact's ID)."""
+    sender = _mapping(payload.get("sender"))
+    fields = {name: value.strip() if isinstance(value, str) and value.strip() else None
+              for name, value in ((name, sender.get(name)) for name in ("identifier", "phone_number", "email"))}
+    phone = fields["phone_number"]
+    if phone is not None and not E164.match(phone):
+        phone = None
+    return tuple(recipient_keys(key=hashing_key, identifier=fields["identifier"], phone_number=phone,
+                                email=fields["email"]))
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

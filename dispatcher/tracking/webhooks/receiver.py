@@ -51,6 +51,7 @@ from starlette.routing import Route
 from dispatcher.errors import WebhookRejected
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
+from dispatcher.recipients.keywords import vocabulary
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
@@ -72,6 +73,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     body_timeout_s, store_timeout_s = settings.receiver_body_timeout_s, settings.receiver_store_timeout_s
     prefixes = settings.webhook_header_prefixes
     window_s, limit = settings.webhook_replay_window_s, settings.webhook_max_body_bytes
+    reply_words = vocabulary(settings.routes.values())  # an incoming reply is kept only as one of these
     delivery_headers = [f"x-{prefix.lower()}-delivery" for prefix in prefixes]
     if not any(secrets):
         log.error("no webhook secret configured: every delivery is refused (set DISPATCHER_WEBHOOK_SECRETS)")
@@ -107,7 +109,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             now = clock()
             verified = verify_delivery(request.headers, body, secrets=secrets, prefixes=prefixes,
                                        window_s=window_s, now=now)
-            summary = _summary(body)
+            summary = _summary(body, reply_words, settings.hashing_key)
         except WebhookRejected as refusal:
             WEBHOOK_VERDICTS.labels(verdict=refusal.reason).inc()
             delivery_id = next((request.headers[name] for name in delivery_headers if name in request.headers), "")
@@ -214,7 +216,7 @@ def _storable(value: object) -> bool:
     return True
 
 
-def _summary(body: bytes) -> EventSummary:
+def _summary(body: bytes, reply_words: frozenset[str], hashing_key: bytes) -> EventSummary:
     try:
         # Strict UTF-8 first: json.loads would let encoded surrogates through ("surrogatepass").
         text = body.decode("utf-8")
@@ -224,7 +226,7 @@ def _summary(body: bytes) -> EventSummary:
     # Only an escape can put a NUL or a surrogate in a parsed string (raw ones are invalid JSON or UTF-8).
     if "\\u" in text and not _storable(payload):
         raise WebhookRejected("malformed_body", status_code=400)
-    summary = summarize(payload) if isinstance(payload, dict) else None
+    summary = summarize(payload, reply_words=reply_words, hashing_key=hashing_key) if isinstance(payload, dict) else None
     if summary is None:
         raise WebhookRejected("malformed_body", status_code=400)
     return summary

@@ -225,7 +225,8 @@ def test_the_web_session_route_refuses_bulk_use(intake: Intake) -> None:
 
     def request(n: int | str) -> dict[str, Any]:
         return {"event_id": f"ws-{n}", "route": "web_session",
-                "contact": {"identifier": f"p{n}", "phone_number": PHONE}, "content": "Your visit is confirmed"}
+                "contact": {"identifier": f"p{n}", "phone_number": PHONE}, "content": "Your visit is confirmed",
+                "consent_ref": f"form-{n}"}
 
     assert [intake.post(request(n)).status_code for n in range(cap)] == [202] * cap
     response = intake.post(request("over"))

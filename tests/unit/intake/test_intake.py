@@ -171,10 +171,12 @@ def test_the_web_session_route_refuses_bulk_use(dispatcher: Dispatcher) -> None:
     assert cap == 10
     for n in range(cap):
         dispatcher.notify({"event_id": f"ws-{n}", "route": "web_session",
-                           "contact": {"identifier": f"p{n}", "phone_number": PHONE}, "content": "Your visit is confirmed"})
+                           "contact": {"identifier": f"p{n}", "phone_number": PHONE}, "content": "Your visit is confirmed",
+                           "consent_ref": f"form-{n}"})
     with pytest.raises(InvalidEvent) as caught:
         dispatcher.notify({"event_id": "ws-over", "route": "web_session",
-                           "contact": {"identifier": "px", "phone_number": PHONE}, "content": "Your visit is confirmed"})
+                           "contact": {"identifier": "px", "phone_number": PHONE}, "content": "Your visit is confirmed",
+                           "consent_ref": "form-x"})
     assert caught.value.field == "route"
     assert "low volume" in str(caught.value)
 

@@ -1,0 +1,207 @@
+"""The suppression list and consent, in the store: who must not be messaged, on what, and why.
+
+A suppression's scope is a channel (or ``*``, every channel) and a category (or ``*``, every
+category). Each change leaves a row in ``suppression_changes`` (the audit trail: what, when, why;
+never an identifier), and every write here is idempotent: suppressing twice keeps the first
+``since``, lifting what is not there changes nothing.
+
+Callers own the transaction. :func:`blocking_reason` is the check the send path makes in the
+transaction that claims an attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import delete, select, tuple_
+from sqlalchemy.orm import Session
+
+from dispatcher.store.db import insert_for
+from dispatcher.store.models import Consent, KnownContact, Suppression, SuppressionChange, table_of
+
+SUPPRESSIONS = table_of(Suppression)
+CHANGES = table_of(SuppressionChange)
+CONSENTS = table_of(Consent)
+KNOWN = table_of(KnownContact)
+ALL = "*"
+
+
+class Reason(StrEnum):
+    KEYWORD = "keyword"  # the recipient replied an opt-out (or opt-in) keyword
+    PLATFORM = "platform"  # the provider refused the send because the recipient opted out
+    HOST = "host"  # the host said so (Python, CLI, HTTP, an import)
+    CONSENT_WITHDRAWN = "consent_withdrawn"
+
+
+class Blocked(StrEnum):
+    """Why a send must not happen: the notification's ``error_kind``."""
+
+    OPTED_OUT = "opted_out"
+    NO_CONSENT = "no_consent"
+
+
+@dataclass(frozen=True)
+class Scope:
+    channel: str = ALL
+    category: str = ALL
+
+    def describe(self) -> str:
+        channel = "every channel" if self.channel == ALL else self.channel
+        category = "every category" if self.category == ALL else self.category
+        return f"{channel}, {category}"
+
+
+@dataclass(frozen=True)
+class SuppressionRecord:
+    """One active suppression as a host sees it: the key (a hash), the scope, why and since when."""
+
+    recipient_key: str
+    channel: str
+    category: str
+    reason: str
+    since: datetime
+
+
+def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: Scope, reason: Reason,
+             now: datetime) -> int:
+    """Record the opt-out for each key; answer how many keys were not suppressed in that scope yet."""
+    added = 0
+    for key in keys:
+        inserted = session.execute(
+            insert_for(session)(SUPPRESSIONS)
+            .values(account_id=account_id, recipient_key=key, channel=scope.channel, category=scope.category,
+                    reason=reason.value, since=now)
+            .on_conflict_do_nothing()
+        )
+        if _changed(inserted):
+            added += 1
+            _audit(session, account_id, key, scope, "suppressed", reason, now)
+    return added
+
+
+def lift(session: Session, *, account_id: int, keys: Sequence[str], scope: Scope, reason: Reason, now: datetime) -> int:
+    """Lift the opt-out in exactly this scope (a channel opt-in does not lift an all-channel one)."""
+    lifted = 0
+    for key in keys:
+        removed = session.execute(
+            delete(SUPPRESSIONS).where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key == key,
+                                       SUPPRESSIONS.c.channel == scope.channel, SUPPRESSIONS.c.category == scope.category)
+        )
+        if _changed(removed):
+            lifted += 1
+            _audit(session, account_id, key, scope, "lifted", reason, now)
+    return lifted
+
+
+def lift_channel(session: Session, *, account_id: int, keys: Sequence[str], channel: str, reason: Reason,
+                 now: datetime) -> int:
+    """An opt-in keyword on a channel: lift what the recipient's replies and the provider recorded
+    there (every category), never what the host recorded."""
+    rows = session.execute(
+        select(SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.category)
+        .where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+               SUPPRESSIONS.c.channel == channel,
+               SUPPRESSIONS.c.reason.in_([Reason.KEYWORD.value, Reason.PLATFORM.value]))
+    ).all()
+    for key, category in rows:
+        lift(session, account_id=account_id, keys=[key], scope=Scope(channel, category), reason=reason, now=now)
+    return len(rows)
+
+
+def blocking_reason(session: Session, *, account_id: int, keys: Sequence[str], channel: str, category: str,
+                    needs_consent: bool) -> Blocked | None:
+    """Whether a send to ``keys`` on ``channel`` in ``category`` must not happen, and why."""
+    if not keys:
+        return Blocked.NO_CONSENT if needs_consent else None
+    reasons = set(session.scalars(
+        select(SUPPRESSIONS.c.reason)
+        .where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+               SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
+        .limit(4)
+    ))
+    if reasons - {Reason.CONSENT_WITHDRAWN.value}:
+        return Blocked.OPTED_OUT
+    if reasons:  # consent withdrawn under any of the recipient's keys: no other key's consent counts
+        return Blocked.NO_CONSENT
+    if needs_consent and not has_consent(session, account_id=account_id, keys=keys, channel=channel):
+        return Blocked.NO_CONSENT
+    return None
+
+
+def has_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str) -> bool:
+    return session.execute(
+        select(CONSENTS.c.channel)
+        .where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key.in_(keys), CONSENTS.c.channel == channel)
+        .limit(1)
+    ).first() is not None
+
+
+def record_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str, reference: str,
+                   now: datetime) -> int:
+    """Record consent under each key (a newer reference replaces an older one), lifting an earlier
+    withdrawal on that channel; how many keys were new."""
+    session.execute(delete(SUPPRESSIONS).where(
+        SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        SUPPRESSIONS.c.channel == channel, SUPPRESSIONS.c.reason == Reason.CONSENT_WITHDRAWN.value))
+    added = 0
+    for key in keys:
+        statement = insert_for(session)(CONSENTS).values(
+            account_id=account_id, recipient_key=key, channel=channel, reference=reference, granted_at=now)
+        existed = has_consent(session, account_id=account_id, keys=[key], channel=channel)
+        session.execute(statement.on_conflict_do_update(
+            index_elements=[CONSENTS.c.account_id, CONSENTS.c.recipient_key, CONSENTS.c.channel],
+            set_={"reference": reference, "granted_at": now}))
+        if not existed:
+            added += 1
+            _audit(session, account_id, key, Scope(channel, ALL), "consented", Reason.HOST, now)
+    return added
+
+
+def withdraw_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str, now: datetime) -> int:
+    """Withdrawing consent is an opt-out: nothing more goes out on ``channel`` until consent is given
+    again. Recorded as a suppression too (the audit row is its), so that consent kept under another
+    of the person's keys (the phone number, when the host withdraws by its identifier) does not count."""
+    withdrawn = 0
+    for key in keys:
+        removed = session.execute(
+            delete(CONSENTS).where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key == key,
+                                   CONSENTS.c.channel == channel))
+        if _changed(removed):
+            withdrawn += 1
+    suppress(session, account_id=account_id, keys=keys, scope=Scope(channel, ALL), reason=Reason.CONSENT_WITHDRAWN,
+             now=now)
+    return withdrawn
+
+
+def active(session: Session, *, account_id: int, keys: Sequence[str] | None = None, limit: int = 1000,
+           after: tuple[str, str, str] | None = None) -> list[SuppressionRecord]:
+    """Active suppressions in key order (``after``: the last row of the previous page), of ``keys`` when given."""
+    query = select(SUPPRESSIONS).where(SUPPRESSIONS.c.account_id == account_id)
+    if keys is not None:
+        query = query.where(SUPPRESSIONS.c.recipient_key.in_(keys))
+    if after is not None:
+        query = query.where(tuple_(SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel, SUPPRESSIONS.c.category) > after)
+    rows = session.execute(
+        query.order_by(SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel, SUPPRESSIONS.c.category).limit(limit)
+    ).all()
+    return [SuppressionRecord(row.recipient_key, row.channel, row.category, row.reason, row.since) for row in rows]
+
+
+def keys_of_workspace_contact(session: Session, *, account_id: int, contact_id: int) -> list[str]:
+    """The keys the contact cache knows a workspace contact by (for a reply or a provider's opt-out)."""
+    return list(session.scalars(
+        select(KNOWN.c.identity_key).where(KNOWN.c.account_id == account_id, KNOWN.c.contact_id == contact_id)
+    ))
+
+
+def _changed(result: Any) -> bool:
+    return bool(result.rowcount)
+
+
+def _audit(session: Session, account_id: int, key: str, scope: Scope, action: str, reason: Reason, now: datetime) -> None:
+    session.execute(CHANGES.insert().values(account_id=account_id, recipient_key=key, channel=scope.channel,
+                                            category=scope.category, action=action, reason=reason.value, at=now))
