@@ -76,8 +76,9 @@ def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: S
             .values(account_id=account_id, recipient_key=key, channel=scope.channel, category=scope.category,
                     reason=reason.value, since=now)
             .on_conflict_do_nothing()
-        )
-        if _changed(inserted):
+            .returning(SUPPRESSIONS.c.recipient_key)  # a row only when new (rowcount is not reliable here)
+        ).first()
+        if inserted is not None:
             added += 1
             _audit(session, account_id, key, scope, "suppressed", reason, now)
     return added
