@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
-from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent
@@ -185,21 +184,18 @@ def _chunks(entries: list[tuple[str, str, str]]) -> Iterator[list[tuple[str, str
 
 
 def _suppress_chunk(session: Session, account_id: int, chunk: list[tuple[str, str, str]], now: datetime) -> int:
-    """Insert the suppressions of a chunk that are not there yet, with their audit rows: two
-    statements a chunk, so 100,000 entries take seconds, not minutes."""
+    """Insert the suppressions of a chunk, skipping those already there, and audit the new ones:
+    ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` answers exactly the rows it added, in batched
+    statements, so 100,000 entries take seconds, not minutes."""
     table = suppressions.SUPPRESSIONS
-    existing = set(session.execute(
-        select(table.c.recipient_key, table.c.channel, table.c.category)
-        .where(table.c.account_id == account_id,
-               tuple_(table.c.recipient_key, table.c.channel, table.c.category).in_(chunk))
-    ).tuples())
-    new = [entry for entry in chunk if entry not in existing]
-    if not new:
-        return 0
     rows = [{"account_id": account_id, "recipient_key": key, "channel": channel, "category": category,
-             "reason": Reason.HOST.value, "since": now} for key, channel, category in new]
-    session.execute(insert_for(session)(table).on_conflict_do_nothing(), rows)
-    session.execute(suppressions.CHANGES.insert(), [
-        {"account_id": account_id, "recipient_key": key, "channel": channel, "category": category,
-         "action": "suppressed", "reason": Reason.HOST.value, "at": now} for key, channel, category in new])
+             "reason": Reason.HOST.value, "since": now} for key, channel, category in chunk]
+    new = session.execute(
+        insert_for(session)(table).on_conflict_do_nothing()
+        .returning(table.c.recipient_key, table.c.channel, table.c.category), rows
+    ).all()
+    if new:
+        session.execute(suppressions.CHANGES.insert(), [
+            {"account_id": account_id, "recipient_key": key, "channel": channel, "category": category,
+             "action": "suppressed", "reason": Reason.HOST.value, "at": now} for key, channel, category in new])
     return len(new)
