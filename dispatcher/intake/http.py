@@ -102,7 +102,7 @@ _RECIPIENT_ACTIONS: dict[str, Callable[[Dispatcher, dict[str, Any]], dict[str, A
     "unsuppress": lambda d, data: {"lifted": d.unsuppress(_recipient_field(data), channel=_text(data, "channel"),
                                                           category=_text(data, "category"))},
     "check": lambda d, data: {"suppressed": d.is_suppressed(_recipient_field(data),
-                                                            channel=_text(data, "channel") or "*",
+                                                            channel=_text(data, "channel") or "",
                                                             category=_text(data, "category") or "service")},
     "consent": lambda d, data: {"recorded": d.record_consent(_recipient_field(data), reference=_text(data, "reference") or "",
                                                              channel=_text(data, "channel") or "web_session")},

@@ -36,6 +36,15 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 MetadataValue = Annotated[str, StringConstraints(max_length=200)] | int | float | bool  # checked further below
 
 
+def check_addresses(phone_number: str | None, email: str | None) -> None:
+    """A phone number in E.164 form and an e-mail address that looks like one (messages name the
+    field, never the value)."""
+    if phone_number is not None and not E164.match(phone_number):
+        raise ValueError("phone_number: must be in E.164 form, such as +15551234567")
+    if email is not None and not EMAIL.match(email):
+        raise ValueError("email: is not an e-mail address")
+
+
 class ContactDetails(BaseModel):
     """Who receives it. The identifier is the host's stable contact ID; a phone is E.164."""
 
@@ -50,10 +59,7 @@ class ContactDetails(BaseModel):
 
     @model_validator(mode="after")
     def _reachable(self) -> ContactDetails:
-        if self.phone_number is not None and not E164.match(self.phone_number):
-            raise ValueError("phone_number: must be in E.164 form, such as +15551234567")
-        if self.email is not None and not EMAIL.match(self.email):
-            raise ValueError("email: is not an e-mail address")
+        check_addresses(self.phone_number, self.email)
         if self.identifier is None and self.phone_number is None:
             raise ValueError("identifier: give at least an identifier or a phone_number")
         return self

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, 
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent
-from dispatcher.intake.request import E164, EMAIL, EMAIL_MAX_CHARS, PLAIN
+from dispatcher.intake.request import EMAIL_MAX_CHARS, PLAIN, check_addresses
 from dispatcher.recipients import suppressions
 from dispatcher.recipients.keys import recipient_keys
 from dispatcher.recipients.suppressions import ALL, Reason, Scope, SuppressionRecord
@@ -43,10 +43,7 @@ class Recipient(BaseModel):
 
     @model_validator(mode="after")
     def _named(self) -> Recipient:
-        if self.phone_number is not None and not E164.match(self.phone_number):
-            raise ValueError("phone_number: must be in E.164 form, such as +15551234567")
-        if self.email is not None and not EMAIL.match(self.email):
-            raise ValueError("email: is not an e-mail address")
+        check_addresses(self.phone_number, self.email)
         if self.identifier is None and self.phone_number is None and self.email is None:
             raise ValueError("recipient: give an identifier, a phone_number or an email")
         return self
@@ -71,6 +68,8 @@ def recipient_of(value: Recipient | dict[str, Any], *, field: str = "recipient")
 
 
 def scope_of(channel: str | None, category: str | None) -> Scope:
+    if channel == "":
+        raise InvalidEvent("channel", "is required")
     channel, category = channel or ALL, category or ALL
     if channel not in CHANNELS:
         raise InvalidEvent("channel", f"must be one of {', '.join(sorted(CHANNELS))}")
@@ -113,6 +112,9 @@ class Recipients:
     def is_suppressed(self, recipient: Recipient | dict[str, Any], *, channel: str, category: str = "service") -> bool:
         """Whether a notification of ``category`` on ``channel`` would be refused as opted out."""
         keys, scope = self._keys(recipient), scope_of(channel, category)
+        if scope.channel == ALL or scope.category == ALL:
+            raise InvalidEvent("channel" if scope.channel == ALL else "category",
+                               "name the one a notification would have (a send has one channel and one category)")
         with self.sessions() as session:
             blocked = suppressions.blocking_reason(session, account_id=self.settings.account_id, keys=keys,
                                                    channel=scope.channel, category=scope.category, needs_consent=False)

@@ -68,16 +68,24 @@ class SuppressionRecord:
 
 def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: Scope, reason: Reason,
              now: datetime) -> int:
-    """Record the opt-out for each key; answer how many keys were not suppressed in that scope yet."""
+    """Record the opt-out for each key; answer how many keys were not suppressed in that scope yet.
+
+    The host's word takes over a row a reply or the provider recorded in the same scope (so that a
+    later START, which lifts only those, cannot undo it); nothing else replaces an existing row."""
     added = 0
     for key in keys:
-        inserted = session.execute(
-            insert_for(session)(SUPPRESSIONS)
-            .values(account_id=account_id, recipient_key=key, channel=scope.channel, category=scope.category,
-                    reason=reason.value, since=now)
-            .on_conflict_do_nothing()
-            .returning(SUPPRESSIONS.c.recipient_key)  # a row only when new (rowcount is not reliable here)
-        ).first()
+        statement = insert_for(session)(SUPPRESSIONS).values(
+            account_id=account_id, recipient_key=key, channel=scope.channel, category=scope.category,
+            reason=reason.value, since=now)
+        if reason is Reason.HOST:
+            statement = statement.on_conflict_do_update(
+                index_elements=[SUPPRESSIONS.c.account_id, SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel,
+                                SUPPRESSIONS.c.category],
+                set_={"reason": reason.value}, where=SUPPRESSIONS.c.reason != reason.value)
+        else:
+            statement = statement.on_conflict_do_nothing()
+        # RETURNING: a row only when inserted or taken over (PostgreSQL's rowcount counts skipped conflicts)
+        inserted = session.execute(statement.returning(SUPPRESSIONS.c.recipient_key)).first()
         if inserted is not None:
             added += 1
             _audit(session, account_id, key, scope, "suppressed", reason, now)
@@ -119,10 +127,9 @@ def blocking_reason(session: Session, *, account_id: int, keys: Sequence[str], c
     if not keys:
         return Blocked.NO_CONSENT if needs_consent else None
     reasons = set(session.scalars(
-        select(SUPPRESSIONS.c.reason)
+        select(SUPPRESSIONS.c.reason).distinct()
         .where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
                SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
-        .limit(4)
     ))
     if reasons - {Reason.CONSENT_WITHDRAWN.value}:
         return Blocked.OPTED_OUT

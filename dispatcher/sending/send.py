@@ -409,6 +409,10 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
             return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
     if job.tries > ctx.plan.max_tries:
         return _fail(job, ctx, "tries_exhausted", f"{job.tries - 1} tries used")
+    if job.attempt_state is not AttemptState.QUEUED:  # a queued one was asked in _load
+        with ctx.sessions.begin() as session:  # before any lookup: no contact is made for a person who said no
+            if (blocked := _recipient_said_no(session, job, ctx, now=ctx.clock())) is not None:
+                return blocked
 
     inbox = ctx.inboxes.resolve(job.route)
     if inbox is None:

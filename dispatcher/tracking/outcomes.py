@@ -126,6 +126,9 @@ def apply_reply(summary: EventSummary, ctx: SendContext) -> str | None:
             keys.update(suppressions.keys_of_workspace_contact(session, account_id=account_id,
                                                                contact_id=summary.contact_id))
         if not keys:
+            # A keyword we cannot tie to anyone: said, not silently dropped (the operator can act on it).
+            log.warning("an opt-out/opt-in reply on inbox %s names no sender we know; not recorded", summary.inbox_id)
+            metrics.OPT_OUTS.labels(change="unmatched", source="keyword").inc()
             return "ignored_reply_unknown_sender"
         for intent, channel in sorted(intents):
             if intent == "opt_out":

@@ -158,13 +158,7 @@ def test_21610_records_the_opt_out_and_neither_falls_back_nor_retries(sandbox: S
     sandbox.client.post("/_sandbox/opt-outs", json={"contact_id": contact_id, "sms_opted_out": True}).raise_for_status()
 
     assert _send(context, _sms("p21610-1", phone, fallback_route="portal")) is Outcome.ACCEPTED
-    message_id = intake.status(context.sessions, "p21610-1").message_id
-    assert message_id is not None
-    failed = _wait_for_status(sandbox, message_id, "failed")
-    assert failed["external_error"].startswith("21610")
-    summary = EventSummary(event="message_updated", message_id=message_id, status="failed",
-                           external_error=failed["external_error"])
-    assert apply_event(summary, context, context.enqueuer) == "no_fallback"
+    assert _provider_failure(sandbox, context, "p21610-1", code="21610") == "no_fallback"
     record = intake.status(context.sessions, "p21610-1")
     assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "opted_out", "none")
     assert context.enqueuer.sent == []  # type: ignore[attr-defined]  # no fallback queued
@@ -185,13 +179,8 @@ def test_131050_stops_marketing_only(sandbox: SandboxProcess, context: SendConte
     offer = reminder("mkt-1", identifier="mkt-person", phone=phone,
                      template={"name": "checkup_offer", "language": "en", "category": "MARKETING", "params": {"1": "Ana"}})
     assert _send(context, offer) is Outcome.ACCEPTED
-    message_id = intake.status(context.sessions, "mkt-1").message_id
-    assert message_id is not None
-    failed = _wait_for_status(sandbox, message_id, "failed")
-    assert failed["external_error"].startswith("131050")
-    summary = EventSummary(event="message_updated", message_id=message_id, status="failed",
-                           external_error=failed["external_error"])
-    assert apply_event(summary, context, context.enqueuer) == "no_fallback"  # the reminders route falls back to SMS
+    # the reminders route falls back to SMS, but not for this failure
+    assert _provider_failure(sandbox, context, "mkt-1", code="131050") == "no_fallback"
     assert intake.status(context.sessions, "mkt-1").error_kind == "opted_out"
 
     before = len(_outgoing(sandbox, contact_id=contact_id))
@@ -272,6 +261,18 @@ def test_the_cli_adds_lists_imports_and_removes(context: SendContext, tmp_path: 
         service._default = None
 
 
+def _provider_failure(sandbox: SandboxProcess, ctx: SendContext, event_id: str, *, code: str) -> str:
+    """Wait for the sandbox to fail the notification's message with ``code``; apply that failure
+    as the consumer would, and answer what the consumer made of it."""
+    message_id = intake.status(ctx.sessions, event_id).message_id
+    assert message_id is not None
+    failed = _wait_for_status(sandbox, message_id, "failed")
+    assert failed["external_error"].startswith(code)
+    summary = EventSummary(event="message_updated", message_id=message_id, status="failed",
+                           external_error=failed["external_error"])
+    return apply_event(summary, ctx, ctx.enqueuer)
+
+
 def _wait_for_status(sandbox: SandboxProcess, message_id: int, status: str) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -280,3 +281,18 @@ def _wait_for_status(sandbox: SandboxProcess, message_id: int, status: str) -> d
             return message
         time.sleep(0.05)
     raise AssertionError(f"sandbox message {message_id} never became {status}")
+
+
+def test_a_start_reply_never_lifts_what_the_host_recorded(sandbox: SandboxProcess, context: SendContext) -> None:
+    phone = "+15550900012"
+    assert _send(context, _sms("host-0", phone)) is Outcome.ACCEPTED
+    contact_id = _contact_of(sandbox, "host-0", context)
+    assert _reply(sandbox, context, contact_id=contact_id, inbox_id=SMS_INBOX, text="STOP") == "opted_out"
+    recipients = Recipients(context.sessions, context.settings)
+    assert recipients.suppress({"phone_number": phone}, channel="sms") == 1  # the host's word takes the row over
+    assert {r.reason for r in recipients.list({"phone_number": phone})} == {"host"}
+    assert _reply(sandbox, context, contact_id=contact_id, inbox_id=SMS_INBOX, text="START") == "opted_in"
+    assert recipients.is_suppressed({"phone_number": phone}, channel="sms")
+    with pytest.raises(InvalidEvent) as no_channel:
+        recipients.is_suppressed({"phone_number": phone}, channel="*")
+    assert no_channel.value.field == "channel"
