@@ -5,12 +5,15 @@ the broker, PostgreSQL the store. The host's HTTP controls are called on the rec
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from dispatcher.errors import InvalidEvent
+from tests.integration.recipients.test_opt_outs import MARKETING_TEMPLATE, SEED_RECORDS
 from tests.integration.tracking.test_tracking_processes import BEHAVIOUR, stack_factory  # noqa: F401  (a fixture)
 from tests.support.sandbox_process import running_sandbox
 from tests.support.store_scan import kept_anywhere
@@ -21,6 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SMS_INBOX = 2
 TOKEN = "intake-token-for-the-opt-out-test"
 PHONE = "+15550910001"
+REPLY = " sToP "  # a keyword in a case no log line would hold by chance: the canary of the reply text
 
 
 def _sms(event_id: str, **extra: Any) -> dict[str, Any]:
@@ -39,7 +43,7 @@ def test_a_stop_reply_stops_waiting_and_new_sms_until_start(stack_factory: Any) 
         send_at = (datetime.now(UTC) + timedelta(seconds=15)).isoformat()
         for n in range(1, 51):
             dispatcher.notify(_sms(f"proc-{n}", send_at=send_at))
-        sandbox.incoming(contact_id=contact_id, inbox_id=SMS_INBOX, content="Stop")
+        sandbox.incoming(contact_id=contact_id, inbox_id=SMS_INBOX, content=REPLY)
         wait_until(lambda: dispatcher.is_suppressed({"phone_number": PHONE}, channel="sms"), timeout_s=30,
                    what="the STOP reply recorded by a consumer")
         assert {stack.status(f"proc-{n}").state for n in range(1, 51)} == {"scheduled"}  # none was due yet
@@ -68,7 +72,11 @@ def test_a_stop_reply_stops_waiting_and_new_sms_until_start(stack_factory: Any) 
                    what="an SMS after START")
 
         _http_controls(_base(stack.receiver_url))
-        assert kept_anywhere(dispatcher.sessions, [PHONE, PHONE.lstrip("+"), "opt.person@example.org"]) == []
+        needles = [PHONE, PHONE.lstrip("+"), "opt.person@example.org", "Opt.Person@example.org", REPLY.strip()]
+        assert kept_anywhere(dispatcher.sessions, needles) == []
+        logs = stack.group.logs()
+        assert "opted out" in logs  # the consumer did log the opt-out: the scan below reads real lines
+        assert [needle for needle in needles if needle in logs] == []
 
 
 def _base(receiver_url: str) -> str:
@@ -95,3 +103,73 @@ def _http_controls(base: str) -> None:
         assert "5550910002" not in bad.text
         assert client.post("/v1/recipients/check", json=check, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.post("/v1/recipients/nothing", json=check).status_code == 404
+
+
+MARKETING_SANDBOX = SEED_RECORDS.replace(
+    "templates = [\n", "templates = [\n" + MARKETING_TEMPLATE, 1) + BEHAVIOUR
+TEMPLATES_WITH_MARKETING = [
+    {"name": "appointment_reminder", "language": "en", "category": "UTILITY", "body_params": 2},
+    {"name": "checkup_offer", "language": "en", "category": "MARKETING", "body_params": 1},
+]
+
+
+def test_provider_opt_outs_and_consent_through_every_process(stack_factory: Any) -> None:  # noqa: F811
+    with running_sandbox(MARKETING_SANDBOX) as sandbox:
+        stack = stack_factory(sandbox, DISPATCHER_TEMPLATES=json.dumps(TEMPLATES_WITH_MARKETING))
+        dispatcher = stack.dispatcher
+        sms_person = {"identifier": "p-21610", "phone_number": "+15550910101"}
+        wa_person = {"identifier": "p-131050", "phone_number": "+15550910102"}
+        dispatcher.notify({"event_id": "pp-0", "route": "sms", "contact": sms_person, "content": "Hello"})
+        dispatcher.notify({"event_id": "pp-1", "route": "reminders", "contact": wa_person, "content": "Hello",
+                           "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                                        "params": {"1": "Ana", "2": "9:00"}}})
+        for event in ("pp-0", "pp-1"):
+            wait_until(lambda: stack.status(event).message_id is not None, timeout_s=30, what=f"{event} sent")
+        contacts = {event: next(m["contact_id"] for m in sandbox.messages() if m["id"] == stack.status(event).message_id)
+                    for event in ("pp-0", "pp-1")}
+        # The providers' own lists, which we never saw being made
+        sandbox.client.post("/_sandbox/opt-outs", json={"contact_id": contacts["pp-0"], "sms_opted_out": True})
+        sandbox.client.post("/_sandbox/opt-outs", json={"contact_id": contacts["pp-1"], "marketing_opted_out": True})
+        dispatcher.notify({"event_id": "pp-2", "route": "sms", "fallback_route": "portal", "contact": sms_person,
+                           "content": "Your results are ready"})
+        offer = {"event_id": "pp-3", "route": "reminders", "contact": wa_person, "content": "A check-up offer",
+                 "template": {"name": "checkup_offer", "language": "en", "category": "MARKETING", "params": {"1": "Ana"}}}
+        dispatcher.notify(offer)
+
+        def ended(*events: str) -> bool:
+            stack.group.ensure_running()
+            return all(stack.status(event).state == "failed" for event in events)
+
+        wait_until(lambda: ended("pp-2", "pp-3"), timeout_s=60, what="both provider refusals applied")
+        for event in ("pp-2", "pp-3"):
+            record = stack.status(event)
+            assert (record.error_kind, record.fallback_decision) == ("opted_out", "none"), event
+        assert not [m for m in sandbox.messages() if m["inbox_id"] in (2, 5) and m["contact_id"] == contacts["pp-1"]]
+        assert not [m for m in sandbox.messages() if m["inbox_id"] == 5]  # no fallback to the portal either
+        # Next time nothing is even tried; a service reminder to the marketing opt-out still goes out
+        sent_before = len(sandbox.messages())
+        dispatcher.notify({**offer, "event_id": "pp-4"})
+        dispatcher.notify({"event_id": "pp-5", "route": "sms", "contact": sms_person, "content": "Hello again"})
+        wait_until(lambda: ended("pp-4", "pp-5"), timeout_s=30, what="the next sends refused before any call")
+        assert len(sandbox.messages()) == sent_before
+        dispatcher.notify({"event_id": "pp-6", "route": "reminders", "contact": wa_person, "content": "Reminder",
+                           "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                                        "params": {"1": "Ana", "2": "10:00"}}})
+        wait_until(lambda: stack.status("pp-6").state in ("delivered", "read"), timeout_s=30, what="the service reminder")
+
+        # Web session: refused without consent, sent with it, not sent once it is withdrawn
+        web = {"route": "web_session", "contact": {"identifier": "p-web", "phone_number": "+15550910103"},
+               "content": "Your visit is confirmed"}
+        with pytest.raises(InvalidEvent) as refused:
+            dispatcher.notify({**web, "event_id": "web-0"})
+        assert refused.value.field == "consent_ref"
+        dispatcher.notify({**web, "event_id": "web-1", "consent_ref": "portal-consent-2026-5"})
+        wait_until(lambda: stack.status("web-1").message_id is not None, timeout_s=30, what="the consented send")
+        later = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+        dispatcher.notify({**web, "event_id": "web-2", "send_at": later})  # consent on record: accepted
+        dispatcher.withdraw_consent({"identifier": "p-web"})
+        assert stack.status("web-2").state == "scheduled"  # withdrawn before it was due
+        wait_until(lambda: ended("web-2"), timeout_s=60, what="the scheduled web-session send to end")
+        assert stack.status("web-2").error_kind == "no_consent"
+        assert kept_anywhere(dispatcher.sessions, ["+15550910101", "+15550910102", "+15550910103",
+                                                   "portal-consent-2026-5"]) == []

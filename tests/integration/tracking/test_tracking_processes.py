@@ -85,7 +85,7 @@ def stack_factory(
         receiver_port = free_port()
         env = dispatcher_environment(
             api_url=sandbox.base_url, database_url=database_url or fresh_postgres_url, broker_url=broker_url,
-            DISPATCHER_TEMPLATES=json.dumps(TEMPLATES), **overrides,
+            **{"DISPATCHER_TEMPLATES": json.dumps(TEMPLATES), **overrides},
         )
         settings = _settings({**env, "DISPATCHER_DATABASE_URL": fresh_postgres_url})
         with WorkspaceClient.from_settings(settings) as client:
