@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, case, exists, func, or_, select, update
+from sqlalchemy import Row, and_, case, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
@@ -138,23 +138,32 @@ def release_due(session: Session, notification_ids: list[int], *, now: datetime)
         )
 
 
+def _claimable(attempt_id: int, seen_claims: int, now: datetime) -> Any:
+    """The claim's guard on the attempt: queued or unknown, or in flight past its lease; and not
+    claimed by anyone since the caller read it (``seen_claims``)."""
+    start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
+    return and_(
+        ATTEMPTS.c.id == attempt_id,
+        ATTEMPTS.c.claims == seen_claims,
+        or_(
+            ATTEMPTS.c.state.in_([state for state in start if state != AttemptState.IN_FLIGHT]),
+            (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
+        ),
+    )
+
+
 def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: bool, target: Target, now: datetime,
-          lease_until: datetime, seen_claims: int) -> bool:
+          lease_until: datetime, seen_claims: int, refused_when: Any = None) -> bool:
     """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease,
     and only if no other worker claimed it since this one read it (``seen_claims``, the attempt's
     ``claims`` as read). Without that, a worker that looked for an earlier try's message and found
-    none could claim after another worker's call, unseen by its look, had sent one."""
-    start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
+    none could claim after another worker's call, unseen by its look, had sent one.
+
+    ``refused_when``: a condition under which the claim must not happen (the recipient opted out,
+    :func:`dispatcher.recipients.suppressions.refusal_clause`), checked by the same statement."""
     take_attempt = (
         update(ATTEMPTS)
-        .where(
-            ATTEMPTS.c.id == attempt_id,
-            ATTEMPTS.c.claims == seen_claims,
-            or_(
-                ATTEMPTS.c.state.in_([state for state in start if state != AttemptState.IN_FLIGHT]),
-                (ATTEMPTS.c.state == AttemptState.IN_FLIGHT) & (ATTEMPTS.c.lease_until < now),
-            ),
-        )
+        .where(_claimable(attempt_id, seen_claims, now), *([~refused_when] if refused_when is not None else []))
         .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, claims=ATTEMPTS.c.claims + 1,
                 in_flight_since=now, updated_at=now, inbox_id=target.inbox_id, contact_id=target.contact_id,
                 conversation_id=target.conversation_id, content_hash=target.content_hash)
@@ -423,13 +432,15 @@ def end_failed(session: Session, *, notification_id: int, error_kind: str, detai
 
 
 def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
-                  now: datetime) -> bool:
+                  now: datetime, seen_claims: int) -> bool:
     """The recipient said no (``opted_out``) or the route's consent is missing (``no_consent``):
     the attempt fails before any call and the notification ends with that reason. The decision is
-    stored as "none" (when none was made), so nothing falls back to another channel."""
+    stored as "none" (when none was made), so nothing falls back to another channel. The attempt
+    is taken only as a claim would take it (never from another worker's live lease, nor after
+    anyone claimed it since ``seen_claims`` was read): that worker's call may be running."""
     moved = session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id,
+        .where(_claimable(attempt_id, seen_claims, now),
                ATTEMPTS.c.state.in_(_starts_for("end_opted_out", "attempt", AttemptState.FAILED)))
         .values(state=AttemptState.FAILED, error_kind=error_kind, error_detail=_detail(detail), lease_until=None,
                 status_at=now, updated_at=now)

@@ -75,7 +75,7 @@ MOVES: dict[str, Move] = {
              attempt=every([NEW], [A.QUEUED])),
         Move("claim", "a worker takes the attempt for one createMessage call, under a lease",
              attempt=every([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], [A.IN_FLIGHT], "in flight only when its lease ran out; "
-                           "and nobody claimed it since this worker read it"),
+                           "nobody claimed it since this worker read it; the recipient has not opted out"),
              notification=edges((N.QUEUED, [N.SENDING]), (N.SENDING, [N.SENDING]), (N.FALLING_BACK, [N.FALLING_BACK]))),
         Move("release", "createMessage was not made (a limiter wait), or refused and may be tried again",
              attempt=every([A.IN_FLIGHT], [A.QUEUED])),
@@ -113,7 +113,8 @@ MOVES: dict[str, Move] = {
              attempt=every([NEW], [A.QUEUED], "the template attempt")),
         Move("end_opted_out", "the recipient opted out of the route's channel and category, or the route needs consent "
              "that is not given: no message and no fallback",
-             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED], "checked in the transaction that would claim it"),
+             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED], "as a claim would take it: in flight only past its lease, "
+                           "nobody claimed it since this worker read it"),
              notification=every(SENDABLE_NOTIFICATION_STATES, [N.FAILED], "ends with opted_out or no_consent")),
         Move("end_failed", "the fallback failed too: nothing more is sent",
              notification=every(AFTER_FALLBACK, [N.FAILED])),

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import delete, exists, false, or_, select, true, tuple_
 from sqlalchemy.orm import Session
 
 from dispatcher.store.db import insert_for
@@ -138,6 +138,22 @@ def blocking_reason(session: Session, *, account_id: int, keys: Sequence[str], c
     if needs_consent and not has_consent(session, account_id=account_id, keys=keys, channel=channel):
         return Blocked.NO_CONSENT
     return None
+
+
+def refusal_clause(*, account_id: int, keys: Sequence[str], channel: str, category: str, needs_consent: bool) -> Any:
+    """:func:`blocking_reason` as a SQL condition, for a claim's own ``WHERE``: true when the send
+    must not happen. The warm path's claim carries it, so the check costs no round trip of its own
+    and holds at the very statement that takes the attempt."""
+    if not keys:
+        return true() if needs_consent else false()
+    suppressed = exists().where(
+        SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
+    if not needs_consent:
+        return suppressed
+    consented = exists().where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key.in_(keys),
+                               CONSENTS.c.channel == channel)
+    return or_(suppressed, ~consented)
 
 
 def has_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str) -> bool:

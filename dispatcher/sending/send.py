@@ -45,7 +45,7 @@ from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.policy import needs_consent
-from dispatcher.recipients.suppressions import Blocked, blocking_reason
+from dispatcher.recipients.suppressions import Blocked, blocking_reason, refusal_clause
 from dispatcher.sending.recover import find_sent_message
 from dispatcher.sending.resolve import (
     NotContactable,
@@ -288,10 +288,14 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         )
         if payload is None:
             pass  # failed below, outside this transaction
-        elif job.attempt_state is AttemptState.QUEUED and (blocked := _recipient_said_no(session, job, ctx, now=now)):
-            return blocked  # before any call; an in-flight or unknown attempt is looked for first
-        elif job.attempt_state is AttemptState.QUEUED and job.tries <= ctx.plan.max_tries:
-            job = _start_if_known(session, job, ctx, now=now)
+        elif job.attempt_state is AttemptState.QUEUED:
+            # The warm path's claim refuses a recipient who said no in its own statement; any
+            # other queued attempt is asked here, before any call (an in-flight or unknown one is
+            # looked for first, in _send).
+            if job.tries <= ctx.plan.max_tries:
+                job = _start_if_known(session, job, ctx, now=now)
+            if job.started is None and (blocked := _recipient_said_no(session, job, ctx, now=now)):
+                return blocked
         if job.started is None:
             store.touch_for_run(session, job.notification_id, now=now)
     if unreadable:
@@ -349,7 +353,7 @@ def _recipient_said_no(session: Session, job: _Job, ctx: SendContext, *, now: da
     else:
         detail = f"route {job.route_name!r} needs the recipient's consent and none is recorded; nothing was sent"
     if not moves.end_opted_out(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
-                               error_kind=blocked.value, detail=detail, now=now):
+                               error_kind=blocked.value, detail=detail, now=now, seen_claims=job.claims):
         return SendResult(Outcome.SKIPPED, "the attempt moved on since this run read it")
     store.drop_payload(session, job.notification_id)  # nothing more will be sent: the content goes now
     log.warning("attempt %s of notification %s not sent: %s", job.attempt_number, job.notification_id, blocked.value)
@@ -371,6 +375,10 @@ def _mark_in_flight(
         now=now,
         lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
         seen_claims=job.claims,
+        refused_when=refusal_clause(account_id=ctx.settings.account_id,
+                                    keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
+                                    channel=job.route.channel.value, category=job.category,
+                                    needs_consent=needs_consent(job.route, ctx.settings)),
     )
 
 
@@ -428,10 +436,10 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        # Asked again in the claim's own transaction: an opt-out that came while this run looked
-        # the contact up stops it here.
-        blocked = _recipient_said_no(session, job, ctx, now=now)
-        taken = blocked is None and _mark_in_flight(session, job, ctx, target, body, now=now)
+        # The claim refuses a recipient who said no while this run looked the contact up; then
+        # the same transaction ends the notification, saying why.
+        taken = _mark_in_flight(session, job, ctx, target, body, now=now)
+        blocked = None if taken else _recipient_said_no(session, job, ctx, now=now)
     if blocked is not None:
         return blocked
     if not taken:
