@@ -1,0 +1,235 @@
+"""Applied outcomes a second by the outcome consumer, against a no-op task on the same queue, in one run.
+
+Both runs use the same broker (a Redis server of the benchmark's own), the dispatcher's Celery app
+and settings, and the same worker concurrency. The notifications are first sent for real (warm
+path, against the sandbox); then one verified ``message_updated`` ``delivered`` delivery per message
+is recorded as the receiver records it (``record_deliveries``) and published with the receiver's
+own publisher while no consumer runs; then one consumer starts. The rate is deliveries over the
+time from the first one's processing to the last one's; the no-op's is measured the same way.
+Deliveries carry their status, as the contract's do (a stock workspace's carry none, and each
+then costs a read of the message list: that is the API's cost, not the consumer's).
+
+    PYTHONPATH=scripts/bench .venv/bin/python scripts/bench/consumer.py --outcomes 1000 --concurrency 2
+
+Prints JSON with both rates, their ratio (target: at least 0.5), and SQL statements per outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import redis
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from common import BENCH_SANDBOX, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
+
+from tests.support.sandbox_process import running_sandbox  # noqa: E402
+from tests.support.worker_process import dispatcher_environment  # noqa: E402
+
+ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+OUTCOMES_QUEUE = "dispatcher.outcomes"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--outcomes", type=int, default=1000)
+    parser.add_argument("--contacts", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    database = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
+    database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
+    try:
+        with private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
+                tempfile.TemporaryDirectory() as workdir:
+            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
+            env["BENCH_COUNTER_URL"] = broker_url
+            noop_rate = _noop_rate(env, Path(workdir), args)
+            outcome_rate, statements = _outcome_rate(env, Path(workdir), args)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    print(json.dumps({
+        "benchmark": "outcome consumer (message_updated with a status)",
+        "outcomes": args.outcomes,
+        "worker_concurrency": args.concurrency,
+        "noop_tasks_per_s": round(noop_rate, 1),
+        "outcomes_per_s": round(outcome_rate, 1),
+        "ratio": round(outcome_rate / noop_rate, 3),
+        "sql_statements_per_outcome": round(statements[0], 1),
+        "commits_per_outcome": round(statements[1], 1),
+        "target_ratio": 0.5,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }, indent=2))
+
+
+def _worker(env: dict[str, str], app: str, queues: str, log: Path, concurrency: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues,
+         "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
+        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> float:
+    os.environ.update(env)
+    from celery import Celery
+
+    from dispatcher.queues import broker_transport, broker_transport_options
+
+    counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
+    counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
+    producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
+    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
+    producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
+    for number in range(args.outcomes):
+        producer.send_task("bench.noop", args=[number], queue=OUTCOMES_QUEUE)
+    worker = _worker(env, "scripts.bench.noop_app", OUTCOMES_QUEUE, workdir / "noop.log", args.concurrency)
+    try:
+        _wait(lambda: int(counter.get("bench:noop:done") or 0) >= args.outcomes, 600)
+        elapsed = float(counter.get("bench:noop:last")) - float(counter.get("bench:noop:first"))
+        return args.outcomes / elapsed
+    finally:
+        _stop(worker)
+
+
+def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, tuple[float, float]]:
+    os.environ.update(env)
+    from dispatcher.service import Dispatcher
+    from dispatcher.settings import load_settings
+    from dispatcher.store.db import session_factory, shared_engine
+    from dispatcher.store.migrate import upgrade_database
+    from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, record_deliveries
+    from dispatcher.tracking.webhooks.events import EventSummary
+
+    upgrade_database(env["DISPATCHER_DATABASE_URL"])
+    settings = load_settings()
+    dispatcher = Dispatcher(settings)
+    engine = sa.create_engine(env["DISPATCHER_DATABASE_URL"])
+    for number in range(args.outcomes):
+        dispatcher.notify(_request(f"bench-{number}", number % args.contacts))
+    sender = _worker(env, "workers.app", "dispatcher.send", workdir / "send.log", args.concurrency)
+    try:
+        _wait(lambda: _count(engine, "SELECT count(*) FROM notifications WHERE message_id IS NOT NULL") >= args.outcomes,
+              900)
+    finally:
+        _stop(sender)
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text(
+            "SELECT message_id, conversation_id, inbox_id FROM notifications WHERE message_id IS NOT NULL")).all()
+    now = datetime.now(UTC)
+    deliveries = [NewDelivery(
+        delivery_id=f"bench-{message_id}", event="message_updated", received_at=now,
+        summary=EventSummary(event="message_updated", message_id=message_id, status="delivered",
+                             message_type="outgoing", conversation_display_id=conversation_id, inbox_id=inbox_id,
+                             account_id=settings.account_id).model_dump(mode="json"),
+    ) for message_id, conversation_id, inbox_id in rows]
+    row_ids = [row_id for row_id in record_deliveries(session_factory(shared_engine(settings.database_url)), deliveries)
+               if row_id is not None]
+    publisher = CeleryOutcomePublisher(settings.broker_url)
+    publisher.publish_many(row_ids)
+    publisher.close()
+    consumer = _worker(env, "workers.app", OUTCOMES_QUEUE, workdir / "consume.log", args.concurrency)
+    try:
+        _wait(lambda: _count(engine, "SELECT count(*) FROM webhook_deliveries WHERE processed_at IS NOT NULL")
+              >= len(row_ids), 900)
+    finally:
+        _stop(consumer)
+    statements = _statements_in_process(rows[:50], settings)
+    with engine.connect() as connection:
+        first, last, applied = connection.execute(sa.text(
+            "SELECT min(processed_at), max(processed_at), count(*) FILTER (WHERE outcome = 'applied_delivered')"
+            " FROM webhook_deliveries")).one()
+    engine.dispose()
+    if applied != len(row_ids):
+        raise SystemExit(f"only {applied} of {len(row_ids)} deliveries were applied")
+    return (len(row_ids) - 1) / (last - first).total_seconds(), statements
+
+
+def _statements_in_process(rows: list[tuple[int, int, int]], settings: object) -> tuple[float, float]:
+    """Statements and transactions per applied outcome, counted by SQLAlchemy's events while this
+    process applies ``read`` to each of ``rows`` as the consumer task does (same code, same store)."""
+    from sqlalchemy import event
+
+    from dispatcher.tracking.reconcile import process_delivery
+    from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
+    from dispatcher.tracking.webhooks.events import EventSummary
+    from workers import runtime
+
+    ctx = runtime.send_context()
+    now = datetime.now(UTC)
+    row_ids = [row_id for row_id in record_deliveries(ctx.sessions, [NewDelivery(
+        delivery_id=f"count-{message_id}", event="message_updated", received_at=now,
+        summary=EventSummary(event="message_updated", message_id=message_id, status="read", message_type="outgoing",
+                             conversation_display_id=conversation_id, inbox_id=inbox_id).model_dump(mode="json"),
+    ) for message_id, conversation_id, inbox_id in rows]) if row_id is not None]
+    engine = ctx.sessions.kw["bind"]
+    counts = {"statements": 0, "transactions": 0}
+
+    def statement(*_: object) -> None:
+        counts["statements"] += 1
+
+    def transaction(*_: object) -> None:
+        counts["transactions"] += 1
+
+    event.listen(engine, "before_cursor_execute", statement)
+    event.listen(engine, "commit", transaction)
+    try:
+        for row_id in row_ids:
+            assert process_delivery(row_id, ctx, runtime.enqueuer()) == "applied_read"
+    finally:
+        event.remove(engine, "before_cursor_execute", statement)
+        event.remove(engine, "commit", transaction)
+    return counts["statements"] / len(row_ids), counts["transactions"] / len(row_ids)
+
+
+def _count(engine: sa.Engine, query: str) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(sa.text(query)).scalar_one())
+
+
+def _request(event_id: str, contact: int) -> dict[str, object]:
+    return {
+        "event_id": event_id,
+        "route": "reminders",
+        "contact": {"identifier": f"bench-patient-{contact}", "phone_number": f"+1555033{contact:04d}"},
+        "content": f"Reminder {event_id}",
+        "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                     "params": {"1": "Patient", "2": "tomorrow"}},
+    }
+
+
+def _wait(condition: object, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"benchmark timed out after {timeout_s} s")
+
+
+if __name__ == "__main__":
+    main()
