@@ -322,19 +322,21 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
     values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now, "next_read_at": next_read_at}
     if new is AttemptState.FAILED:
         values.update(error_kind="external_error", error_detail=_detail(external_error))
-    moved = session.execute(
-        update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state == current).values(**values)
+    move_attempt = update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state == current).values(**values)
+    if new is AttemptState.FAILED:
+        return _won(session.execute(move_attempt))
+    mirrored = notification_state_for(new)
+    mirror = (
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number,
+               NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
+        .values(state=mirrored, delivery_state=new.value, updated_at=now)
     )
-    if not _won(moved):
+    if _one_statement(session):  # the consumer's hot path: one round trip for both rows
+        return _both_or_neither(session, move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror) is not None
+    if not _won(session.execute(move_attempt)):
         return False
-    if new is not AttemptState.FAILED:
-        mirrored = notification_state_for(new)
-        session.execute(
-            update(NOTIFICATIONS)
-            .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number,
-                   NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
-            .values(state=mirrored, delivery_state=new.value, updated_at=now)
-        )
+    session.execute(mirror)
     return True
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import Row, bindparam, delete, exists, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
@@ -242,6 +242,14 @@ def load_payload(session: Session, notification_id: int) -> dict[str, Any] | Non
 def drop_payload(session: Session, notification_id: int) -> None:
     """No further send can happen: forget the content and the contact details."""
     session.execute(delete(PAYLOADS).where(PAYLOADS.c.notification_id == notification_id))
+
+
+def drop_payload_of_current(session: Session, notification_id: int, *, attempt_number: int) -> None:
+    """:func:`drop_payload`, when ``attempt_number`` is the notification's current attempt: one
+    statement, no read first."""
+    session.execute(delete(PAYLOADS).where(
+        PAYLOADS.c.notification_id == notification_id,
+        exists().where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number)))
 
 
 def recent_notifications(session: Session, *, state: str | None = None, limit: int = 50) -> list[Notification]:
@@ -597,6 +605,29 @@ def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
         .values(tries=deliveries.c.tries + 1)
         .returning(deliveries.c.tries)
     ).scalar_one_or_none()
+
+
+@dataclass(frozen=True)
+class DeliveryRun:
+    """One consumer run of a delivery: its try number and what the receiver stored."""
+
+    tries: int
+    summary: dict[str, Any]
+    received_at: datetime
+    last_error: str | None
+
+
+def start_delivery_run(session: Session, delivery_row_id: int) -> DeliveryRun | None:
+    """Count one more run of an unprocessed delivery and read it, in one statement; None when it
+    is processed already (or gone)."""
+    deliveries = table_of(WebhookDelivery)
+    row = session.execute(
+        update(deliveries)
+        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
+        .values(tries=deliveries.c.tries + 1)
+        .returning(deliveries.c.tries, deliveries.c.summary, deliveries.c.received_at, deliveries.c.last_error)
+    ).one_or_none()
+    return None if row is None else DeliveryRun(row.tries, dict(row.summary), row.received_at, row.last_error)
 
 
 def note_delivery_error(session: Session, delivery_row_id: int, *, error: str) -> None:

@@ -11,12 +11,14 @@ many copies of the failure, only one decision exists, and only the winner enqueu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from dispatcher import metrics
 from dispatcher.api import ApiError
@@ -54,12 +56,19 @@ def fallback_rules(ctx: SendContext) -> FallbackRules:
     )
 
 
-def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, received_at: datetime | None = None) -> str:
+MarkProcessed = Callable[[Session, str], None]
+
+
+def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, received_at: datetime | None = None,
+                mark_processed: MarkProcessed | None = None) -> str:
     """Apply one webhook event summary; return what happened, as a short word for the record.
 
     An event without a status (a stock workspace's) costs a read of the message list, unless the
     attempt is settled, or a read made after the event was received (``received_at``) already
     told what it announces; one read answers every message of ours on the page it returns.
+    ``mark_processed``: called inside the transaction that applies the event's own delivery
+    state (not a failure, whose decision follows in transactions of its own), so the delivery
+    is marked done with it.
     """
     event = summary.event
     if event == "message_created" and summary.message_type == "incoming":
@@ -68,27 +77,28 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, 
     if event not in ("message_created", "message_updated") or summary.message_id is None:
         return "ignored"
     message_id = summary.message_id
+    if summary.status is not None:  # the usual case on the contract's shapes: one transaction applies it
+        return apply_outcome(Outcome(message_id, summary.status, summary.external_error), ctx, enqueuer,
+                             mark_processed=mark_processed)
     with ctx.sessions() as session:
         attempt = store.attempt_by_message(session, message_id)
     if attempt is None:
         return "ignored_not_ours"
-    status, external_error = summary.status, summary.external_error
-    if status is None:
-        if event == "message_created":
-            return "ignored_no_status"  # our own message announced: nothing new to learn
-        if attempt.state in (AttemptState.READ, AttemptState.FAILED):
-            return "settled"  # nothing later can be learned
-        if received_at is not None and attempt.last_read_at is not None and attempt.last_read_at >= received_at:
-            return "known_from_read"  # a read begun after this event arrived already applied its news
-        # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
-        found = read_outcomes(ctx, conversation_id=attempt.conversation_id, message_id=message_id)
-        mine = found.pop(message_id, None)
-        for other in found.values():  # the same read answers our other messages on the page
-            apply_outcome(other, ctx, enqueuer)
-        if mine is None or mine.status is None:
-            return "no_status"
-        status, external_error = mine.status, mine.external_error
-    return apply_outcome(Outcome(message_id, status, external_error), ctx, enqueuer)
+    # No status in the event (a stock workspace's): what can be learned without a read, else a read.
+    if event == "message_created":
+        return "ignored_no_status"  # our own message announced: nothing new to learn
+    if attempt.state in (AttemptState.READ, AttemptState.FAILED):
+        return "settled"  # nothing later can be learned
+    if received_at is not None and attempt.last_read_at is not None and attempt.last_read_at >= received_at:
+        return "known_from_read"  # a read begun after this event arrived already applied its news
+    # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
+    found = read_outcomes(ctx, conversation_id=attempt.conversation_id, message_id=message_id)
+    mine = found.pop(message_id, None)
+    for other in found.values():  # the same read answers our other messages on the page
+        apply_outcome(other, ctx, enqueuer)
+    if mine is None or mine.status is None:
+        return "no_status"
+    return apply_outcome(mine, ctx, enqueuer, mark_processed=mark_processed)
 
 
 def open_window(summary: EventSummary, ctx: SendContext) -> str:
@@ -217,8 +227,10 @@ def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: 
     return found
 
 
-def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
-    """Move the attempt forward (never back), once per (message, status); decide on a failure."""
+def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
+                  mark_processed: MarkProcessed | None = None) -> str:
+    """Move the attempt forward (never back), once per (message, status); decide on a failure.
+    ``mark_processed``: see :func:`apply_event`."""
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
     with ctx.sessions.begin() as session:
@@ -237,13 +249,14 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None)
                                     attempt_number=attempt.number, current=current, new=new,
                                     external_error=outcome.external_error, now=now, next_read_at=read_next):
             return "stale"  # a concurrent outcome moved it first; its own run carries on from there
-        notification = session.get(Notification, attempt.notification_id)
-        assert notification is not None
-        if new in (AttemptState.DELIVERED, AttemptState.READ) and attempt.number == notification.current_attempt:
-            store.drop_payload(session, notification.id)  # delivered: no other attempt can be needed any more
-        purpose, notification_id = AttemptPurpose(attempt.purpose), notification.id
-    if new is not AttemptState.FAILED:
-        return f"applied_{new.value}"
+        if new in (AttemptState.DELIVERED, AttemptState.READ):
+            # delivered: no other attempt can be needed any more (when it is the current one)
+            store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
+        purpose, notification_id = AttemptPurpose(attempt.purpose), attempt.notification_id
+        if new is not AttemptState.FAILED:
+            if mark_processed is not None:
+                mark_processed(session, f"applied_{new.value}")
+            return f"applied_{new.value}"
     if purpose is AttemptPurpose.FALLBACK:
         return end_fallback_after_external_failure(notification_id, outcome.external_error, ctx)
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
@@ -98,22 +99,17 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
     message's state back, so setting a delivery aside loses no outcome.
     """
     with ctx.sessions.begin() as session:
-        tries = store.count_delivery_try(session, delivery_row_id)
-        if tries is None:
+        run = store.start_delivery_run(session, delivery_row_id)
+        if run is None:
             return "already_processed" if store.load_delivery(session, delivery_row_id) is not None else "missing"
-        delivery = store.load_delivery(session, delivery_row_id)
-        assert delivery is not None
-        if tries > ctx.settings.delivery_max_tries:
+        if run.tries > ctx.settings.delivery_max_tries:
             store.mark_delivery_processed(session, delivery_row_id, outcome=store.SET_ASIDE, now=ctx.clock())
-            last_error = delivery.last_error
-        else:
-            last_error = None
-            raw_summary, received_at = dict(delivery.summary), delivery.received_at
-    if tries > ctx.settings.delivery_max_tries:
-        log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, tries - 1,
-                    last_error or "unknown")
+    if run.tries > ctx.settings.delivery_max_tries:
+        log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, run.tries - 1,
+                    run.last_error or "unknown")
         metrics.OUTCOMES.labels(result="set_aside").inc()
         return "set_aside"
+    raw_summary, received_at = run.summary, run.received_at
     # Back to the typed record the receiver stored, so times are datetimes again, not JSON strings.
     try:
         summary: EventSummary | None = EventSummary.model_validate(raw_summary)
@@ -122,14 +118,22 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
     wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - received_at).total_seconds()
     if summary is not None and summary.event == "message_updated" and summary.status is None and wait_s > 0:
         raise Wait(wait_s, "a short wait lets one read of the conversation answer the events around this one")
+    marked: list[str] = []
+
+    def mark_processed(session: Session, outcome: str) -> None:
+        """Inside the transaction that applies the delivery's own outcome: both or neither."""
+        store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
+        marked.append(outcome)
+
     try:
-        outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at) if summary is not None
-                   else "ignored_unreadable")
+        outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at, mark_processed=mark_processed)
+                   if summary is not None else "ignored_unreadable")
     except Exception as error:
         with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
             store.note_delivery_error(session, delivery_row_id, error=type(error).__name__)
         raise
     metrics.OUTCOMES.labels(result=outcome).inc()
-    with ctx.sessions.begin() as session:
-        store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
+    if not marked:
+        with ctx.sessions.begin() as session:
+            store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
     return outcome

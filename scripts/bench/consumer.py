@@ -17,9 +17,11 @@ Prints JSON with both rates, their ratio (target: at least 0.5), and SQL stateme
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import platform
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,10 @@ def main() -> None:
     parser.add_argument("--outcomes", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the in-process count (cProfile) and print where its time goes, by package")
     args = parser.parse_args()
+    PROFILE.append(args.profile)
     database = f"bench_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
@@ -197,13 +202,35 @@ def _statements_in_process(rows: list[tuple[int, int, int]], settings: object) -
 
     event.listen(engine, "before_cursor_execute", statement)
     event.listen(engine, "commit", transaction)
+    profiler = cProfile.Profile() if PROFILE and PROFILE[0] else None
     try:
+        if profiler is not None:
+            profiler.enable()
         for row_id in row_ids:
             assert process_delivery(row_id, ctx, runtime.enqueuer()) == "applied_read"
     finally:
+        if profiler is not None:
+            profiler.disable()
+            _print_by_package(profiler)
         event.remove(engine, "before_cursor_execute", statement)
         event.remove(engine, "commit", transaction)
     return counts["statements"] / len(row_ids), counts["transactions"] / len(row_ids)
+
+
+PROFILE: list[bool] = []
+
+
+def _print_by_package(profiler: cProfile.Profile) -> None:
+    """Own time by package (sqlalchemy, psycopg, pydantic, dispatcher, ...), to stderr."""
+    totals: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, _) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        parts = Path(filename).parts
+        package = next((part for part in ("sqlalchemy", "psycopg", "pydantic", "dispatcher", "kombu", "celery")
+                        if part in parts), "other")
+        totals[package] = totals.get(package, 0.0) + own
+    whole = sum(totals.values()) or 1.0
+    print({name: f"{100 * seconds / whole:.0f} %" for name, seconds in sorted(totals.items(), key=lambda i: -i[1])},
+          file=sys.stderr)
 
 
 def _count(engine: sa.Engine, query: str) -> int:
