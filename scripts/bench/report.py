@@ -104,6 +104,13 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "ours": f"{_fmt(relay['relay_rows_per_s'])}/s", "baseline": f"{_fmt(relay['publish_alone_per_s'])}/s",
                     "ratio": _fmt(relay["ratio"], 2), "target": f"≥ {relay['target_rows_per_s']:,}/s",
                     "met": relay["relay_rows_per_s"] >= relay["target_rows_per_s"]})
+    consumer = _r(b.get("consumer"))
+    if consumer:
+        out.append({"n": 9, "figure": "Applied outcomes a second vs a no-op task on the outcomes queue",
+                    "ours": f"{_fmt(consumer['outcomes_per_s'])}/s", "baseline": f"{_fmt(consumer['noop_tasks_per_s'])}/s",
+                    "ratio": _fmt(consumer["ratio"], 3), "target": f"≥ {consumer['target_ratio']}",
+                    "met": consumer["ratio"] >= consumer["target_ratio"],
+                    "plot_ratio": consumer["ratio"], "plot_target": consumer["target_ratio"], "plot_kind": ">="})
     return out
 
 
@@ -142,7 +149,8 @@ def render_markdown(results: dict[str, Any], plot_name: str) -> str:
     ]
     for row in rows(results):
         lines.append(f"| {row['n']} | {row['figure']} | {row['ours']} | {row['baseline']} | {row['ratio']} | {row['target']} | {_verdict(row['met'])} |")
-    missing = [name for name in ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay")
+    missing = [name for name in ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay",
+                                 "consumer")
                if not _r(b.get(name))]
     if missing:
         lines += ["", f"Not in this run (not asked for, or failed; see below): {', '.join(missing)}."]
@@ -406,6 +414,18 @@ def _details(results: dict[str, Any]) -> list[str]:
                     f" processes: {_fmt(r['two_sweeps_rows_per_s'])} rows a second together, {r['two_sweeps_published_twice']}"
                     f" published twice, {r['two_sweeps_missing']} missing. Target: at least {r['target_rows_per_s']:,} rows a"
                     f" second: {_verdict(r['relay_rows_per_s'] >= r['target_rows_per_s'])}.", ""]
+
+    run = b.get("consumer")
+    if run:
+        out += ["### 9. The outcome consumer", ""] + _run_line(run)
+        r = _r(run)
+        if r:
+            out += [f"{r['outcomes']:,} verified `message_updated` deliveries (with a status), recorded and published as the"
+                    f" receiver does, applied by one consumer (concurrency {r['worker_concurrency']}):"
+                    f" {_fmt(r['outcomes_per_s'])} a second, against {_fmt(r['noop_tasks_per_s'])} no-op tasks a second on the"
+                    f" same queue: {_fmt(r['ratio'], 3)}. {r['sql_statements_per_outcome']} SQL statements and"
+                    f" {r['commits_per_outcome']} commits per applied outcome. Target: at least {r['target_ratio']}:"
+                    f" {_verdict(r['ratio'] >= r['target_ratio'])}.", ""]
     return out
 
 

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay")
+ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay", "consumer")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
@@ -42,6 +42,7 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
         "memory": ["memory.py", "--sends", str(args.memory_sends or (10_000 if quick else 100_000))]
                   + (["--in-process"] if args.memory_in_process else []),
         "relay": ["relay.py", "--rows", "3000" if quick else "10000"],
+        "consumer": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2"],
     }
 
 
