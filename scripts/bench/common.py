@@ -85,6 +85,38 @@ def private_redis() -> Iterator[str]:
             server.stop()
 
 
+RABBITMQ_URL = os.environ.get("BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
+
+
+@contextlib.contextmanager
+def private_broker(kind: str, redis_url: str) -> Iterator[str]:
+    """The broker URL of a benchmark run: ``redis`` is ``redis_url`` itself (a server of the
+    benchmark's own); ``rabbitmq`` is a virtual host of the benchmark's own on the RabbitMQ at
+    ``BENCH_RABBITMQ_URL`` (made with rabbitmqctl, deleted afterwards with everything in it), so
+    the machine's queues are never touched."""
+    if kind == "redis":
+        yield redis_url
+        return
+    if kind != "rabbitmq":
+        raise SystemExit(f"--broker must be redis or rabbitmq, not {kind!r}")
+    from urllib.parse import urlsplit
+
+    vhost = f"bench-{uuid.uuid4().hex[:10]}"
+    user = urlsplit(RABBITMQ_URL).username or "guest"
+
+    def rabbitmqctl(*arguments: str) -> None:
+        done = subprocess.run(["rabbitmqctl", "-q", *arguments], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise SystemExit(f"rabbitmqctl {arguments[0]} failed: {done.stderr.strip()[:200]}")
+
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield f"{RABBITMQ_URL.rstrip('/')}/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
 def environment(*, api_url: str, database_url: str, broker_url: str, uncapped: bool = True, **overrides: str) -> dict[str, str]:
     """The DISPATCHER_* environment of every process in a benchmark (the tests' fast retries)."""
     from tests.support.worker_process import dispatcher_environment

@@ -31,7 +31,8 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
     quick = args.quick
     send_rate = (results.get("send_path", {}).get("result") or {}).get("sends_per_s") or args.fallback_rate
     return {
-        "send_path": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2"],
+        "send_path": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2",
+                      "--broker", args.broker],
         "api_calls": ["api_calls.py", "--contacts", "30" if quick else "100"],
         "faults": ["faults.py", "--events", "300" if quick else "1000", "--contacts", "60" if quick else "200"],
         "receiver": ["receiver.py", "--requests", "3000" if quick else "10000", "--store", "postgres", "--rounds", "1" if quick else "3"],
@@ -42,7 +43,8 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
         "memory": ["memory.py", "--sends", str(args.memory_sends or (10_000 if quick else 100_000))]
                   + (["--in-process"] if args.memory_in_process else []),
         "relay": ["relay.py", "--rows", "3000" if quick else "10000"],
-        "consumer": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2"],
+        "consumer": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2",
+                     "--broker", args.broker],
     }
 
 
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=ORDER, help="run these benchmarks only (the others' figures are left out)")
     parser.add_argument("--memory-sends", type=int, help="sends for the memory figure (default 100000; 10000 with --quick)")
     parser.add_argument("--memory-in-process", action="store_true", help="measure memory around an in-process send loop")
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="the broker of the send-path and consumer figures (rabbitmq: a vhost of the run's own)")
     parser.add_argument("--fallback-rate", type=float, default=130.0, help="warm sends/s for latency when send_path is not run")
     parser.add_argument("--merge", type=Path, metavar="RESULTS_JSON",
                         help="start from an earlier results file: the benchmarks run now replace their figures in it"

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import BENCH_SANDBOX, cpu_seconds, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
+from common import BENCH_SANDBOX, cpu_seconds, private_broker, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
 
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--notifications", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="redis: a server of the benchmark's own; rabbitmq: a virtual host of its own on "
+                             "BENCH_RABBITMQ_URL (default amqp://guest:guest@127.0.0.1:5672), deleted afterwards")
     args = parser.parse_args()
     database = f"bench_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -50,10 +53,13 @@ def main() -> None:
         connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
     database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
     try:
-        with private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox, \
-                tempfile.TemporaryDirectory() as workdir:
-            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
-            env["BENCH_COUNTER_URL"] = broker_url
+        with private_redis() as redis_url, private_broker(args.broker, redis_url) as broker_url, \
+                running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
+            # Redis also keeps the no-op's counters, and the limiter shared by the workers (which a
+            # worker on an AMQP broker refuses to run without: DISPATCHER_REDIS_URL).
+            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
+                                         DISPATCHER_REDIS_URL=redis_url)
+            env["BENCH_COUNTER_URL"] = redis_url
             noop_rate = _noop_rate(env, Path(workdir), args)
             send_rate, intake_rate = _send_rate(env, Path(workdir), args)
     finally:
@@ -63,6 +69,7 @@ def main() -> None:
         "benchmark": "send_path (warm: known contacts)",
         "notifications": args.notifications,
         "worker_concurrency": args.concurrency,
+        "broker": args.broker,
         "noop_tasks_per_s": round(noop_rate, 1),
         "sends_per_s": round(send_rate, 1),
         "ratio": round(send_rate / noop_rate, 3),
