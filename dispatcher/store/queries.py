@@ -505,10 +505,23 @@ def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> 
     session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(next_read_at=at))
 
 
-def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> list[int]:
-    """Attempts whose read back is due, oldest first; an attempt whose fallback has been decided
-    is left alone (the first attempt of a notification with a decision)."""
-    return list(session.scalars(
+@dataclass(frozen=True)
+class DueRead:
+    """An attempt taken for a read back by one sweep (its next read pushed past the hold)."""
+
+    attempt_id: int
+    message_id: int
+    conversation_id: int | None
+    state: str
+    accepted_at: datetime | None
+
+
+def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: datetime) -> list[DueRead]:
+    """Take up to ``limit`` attempts due for a read back, oldest first, for this sweep alone: their
+    next read moves to ``hold_until`` in the same statement's transaction, and on PostgreSQL rows
+    another sweep holds are skipped (``FOR UPDATE SKIP LOCKED``), so sweeps in several processes
+    read each attempt once. The caller schedules the real next read (or hands the attempt back)."""
+    due = (
         select(Attempt.id)
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
@@ -520,7 +533,20 @@ def attempts_due_for_read(session: Session, *, now: datetime, limit: int) -> lis
         )
         .order_by(Attempt.next_read_at)
         .limit(limit)
-    ))
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        due = due.with_for_update(of=Attempt, skip_locked=True)
+    ids = list(session.scalars(due))
+    if not ids:
+        return []
+    rows = session.execute(
+        update(ATTEMPTS).where(ATTEMPTS.c.id.in_(ids)).values(next_read_at=hold_until)
+        .returning(ATTEMPTS.c.id, ATTEMPTS.c.message_id, ATTEMPTS.c.conversation_id, ATTEMPTS.c.state,
+                   ATTEMPTS.c.accepted_at)
+    ).all()
+    order = {attempt_id: position for position, attempt_id in enumerate(ids)}
+    return sorted((DueRead(row.id, row.message_id, row.conversation_id, row.state, row.accepted_at) for row in rows),
+                  key=lambda read: order[read.attempt_id])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher import metrics
 from dispatcher.api import ApiError
-from dispatcher.context import SendContext, call_api, readback_plan_of
+from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
@@ -208,8 +208,13 @@ def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: 
     The latest page first, so that one read answers every recent message of the conversation (a
     patient's reminders often go out together); a message older than that page costs a second
     read, of the page that ends with it."""
+    return read_page(ctx, conversation_id=conversation_id, message_id=message_id)[0]
+
+
+def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> tuple[dict[int, Outcome], set[int]]:
+    """:func:`read_outcomes`, and the IDs of every message the read listed."""
     if conversation_id is None:
-        return {}
+        return {}, set()
     began = ctx.clock()
     page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id))
     if all(message.id != message_id for message in page.messages):
@@ -224,7 +229,7 @@ def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: 
         news = status is not None and advance(AttemptState(state), attempt_state_from_status(status)) != state
         if listed_id == message_id or news:
             found[listed_id] = Outcome(listed_id, status, message.external_error)
-    return found
+    return found, set(listed)
 
 
 def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
@@ -426,6 +431,61 @@ def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
     return apply_outcome(found, ctx, enqueuer)
 
 
+def reconcile_due(reads: list[store.DueRead], ctx: SendContext, enqueuer: Enqueuer) -> dict[str, int]:
+    """Read back attempts a sweep took (:func:`dispatcher.store.queries.take_due_reads`): one read
+    of the message list per conversation answers every one of them on its page (reminders to one
+    patient share a conversation); an attempt older than that page gets a read of its own. Each
+    gets its next read scheduled, also after a failed read. Raises :class:`Wait` when the shared
+    limiter says not now, after handing the attempts not yet read back to the next sweep."""
+    results: dict[str, int] = {}
+    by_conversation: dict[int | None, list[store.DueRead]] = {}
+    for read in reads:
+        by_conversation.setdefault(read.conversation_id, []).append(read)
+    done: set[int] = set()
+    try:
+        for conversation_id, group in by_conversation.items():
+            newest = max(group, key=lambda read: read.message_id)
+            found, listed, unreadable = _read_for(ctx, conversation_id, newest.message_id)
+            for read in group:
+                outcome, failed = found.get(read.message_id), unreadable
+                if not unreadable and read.message_id not in listed:  # older than the page: its own read
+                    mine, _, failed = _read_for(ctx, conversation_id, read.message_id)
+                    outcome = mine.get(read.message_id)
+                result = _after_read(read, outcome, ctx, enqueuer, unreadable=failed)
+                done.add(read.attempt_id)
+                results[result] = results.get(result, 0) + 1
+    except Wait:
+        with ctx.sessions.begin() as session:
+            for read in reads:
+                if read.attempt_id not in done:
+                    store.schedule_read(session, read.attempt_id, at=ctx.clock())
+        raise
+    return results
+
+
+def _read_for(ctx: SendContext, conversation_id: int | None, message_id: int) -> tuple[dict[int, Outcome], set[int], bool]:
+    """A read of the conversation's page holding ``message_id``; a read that fails is logged and
+    answers nothing (the attempt's next read is scheduled as after any read)."""
+    try:
+        found, listed = read_page(ctx, conversation_id=conversation_id, message_id=message_id)
+    except ApiError as error:
+        log.warning("reconciling conversation %s: %s", conversation_id, type(error).__name__)
+        return {}, set(), True
+    return found, listed, False
+
+
+def _after_read(read: store.DueRead, outcome: Outcome | None, ctx: SendContext, enqueuer: Enqueuer, *,
+                unreadable: bool) -> str:
+    now = ctx.clock()
+    state = AttemptState(read.state)
+    with ctx.sessions.begin() as session:
+        store.schedule_read(session, read.attempt_id, at=next_read_at(
+            state=state, accepted_at=read.accepted_at or now, now=now, plan=readback_plan_of(ctx.settings)))
+    if outcome is None or outcome.status is None:
+        return "unreadable" if unreadable else "no_status"
+    return apply_outcome(outcome, ctx, enqueuer)
+
+
 def read_back_message(message_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
     """Read one message's state back now: its report reached the receiver while the store was away
     and was not recorded (a stock workspace never sends it again)."""
@@ -435,10 +495,3 @@ def read_back_message(message_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
     if attempt_id is None:
         return "ignored_not_ours"
     return reconcile_attempt(attempt_id, ctx, enqueuer)
-
-
-def attempts_to_reconcile(ctx: SendContext, *, limit: int) -> list[int]:
-    """Attempts due for a read back: not yet read or failed, still the notification's current
-    attempt with no fallback decided, and within their horizon (their next read is set)."""
-    with ctx.sessions() as session:
-        return store.attempts_due_for_read(session, now=ctx.clock(), limit=limit)

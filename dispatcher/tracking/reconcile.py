@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 BATCH = 100
 DELIVERY_GRACE_S = 30.0  # a delivery's own task normally runs within this
+# A sweep takes its reads back for this long: another sweep skips them meanwhile, and a sweep
+# killed halfway leaves them to be read again after it.
+READ_HOLD_S = 120.0
 
 
 @dataclass
@@ -51,12 +54,13 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
     for delivery_row_id in lost:
         publish_outcome(delivery_row_id)
         report.republished += 1
-    for attempt_id in tracking.attempts_to_reconcile(ctx, limit=BATCH):
-        try:
-            result = tracking.reconcile_attempt(attempt_id, ctx, enqueuer)
-        except Wait:
-            break  # the shared limiter is paused: the rest waits for the next sweep; deadlines go on
-        report.reconciled[result] = report.reconciled.get(result, 0) + 1
+    with ctx.sessions.begin() as session:
+        reads = store.take_due_reads(session, now=ctx.clock(), limit=BATCH,
+                                     hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S))
+    try:
+        report.reconciled = tracking.reconcile_due(reads, ctx, enqueuer)
+    except Wait:
+        pass  # the shared limiter is paused: the rest waits for the next sweep; deadlines go on
     for name, route in ctx.settings.routes.items():
         with ctx.sessions() as session:
             late = store.attempts_past_deadline(

@@ -502,3 +502,59 @@ def test_131047_on_free_text_resends_the_template_once_on_the_same_route(
             ended = intake.status(ctx.sessions, "trk-w-1")
             assert (ended.state, ended.error_kind) == ("failed", "external_error")
             assert len([m for m in platform.messages() if m["conversation_id"] == resent["conversation_id"]]) == 3
+
+
+def _listed(sandbox: SandboxProcess) -> int:
+    return int(sandbox.stats()["calls"].get("listMessages", 0))
+
+
+def test_reconciliation_reads_a_conversation_once_for_all_its_due_attempts(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
+        for number in range(3):  # three reminders to one patient: one conversation
+            _send(ctx, reminder(f"trk-batch-{number}", identifier="trk-p40", phone="+15550400040"))
+        for number in range(3):
+            message_id = intake.status(ctx.sessions, f"trk-batch-{number}").message_id
+            assert message_id is not None
+            _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.05)
+        before = _listed(sandbox)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.reconciled == {"applied_read": 3}
+        assert _listed(sandbox) - before == 1
+
+
+def test_two_sweeps_at_once_read_each_attempt_back_once(
+    sandbox: SandboxProcess, fresh_postgres_url: str, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    sandbox.reset()
+    settings = example_settings(api_url=sandbox.base_url, database_url=fresh_postgres_url, reconcile_after_s=0.01)
+    with send_context(settings) as first, send_context(settings) as second:
+        for person in range(4):
+            for number in range(2):
+                _send(first, reminder(f"trk-two-{person}-{number}", identifier=f"trk-p5{person}",
+                                      phone=f"+155504005{person}0"))
+        for person in range(4):
+            for number in range(2):
+                message_id = intake.status(first.sessions, f"trk-two-{person}-{number}").message_id
+                assert message_id is not None
+                _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.05)
+        start = threading.Barrier(2)
+        reports: list[Any] = []
+
+        def sweep(ctx: SendContext) -> None:
+            start.wait()
+            reports.append(tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome))
+
+        threads = [threading.Thread(target=sweep, args=(ctx,)) for ctx in (first, second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(reports) == 2
+        assert sum(sum(report.reconciled.values()) for report in reports) == 8  # each attempt once, none twice
+        assert {intake.status(first.sessions, f"trk-two-{p}-{n}").state for p in range(4) for n in range(2)} == {"read"}
