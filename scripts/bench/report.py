@@ -455,7 +455,7 @@ def draw_plot(results: dict[str, Any], path: Path) -> None:
     ax = axes[0][0]
     figure_rows = [row for row in rows(results) if "plot_ratio" in row]
     labels = [f"{row['n']}. " + {1: "warm sends / no-op", 4: "webhooks / bare", 6: "DB per send 1M / 10k",
-                                 7: "worker RSS N / 1k"}[row["n"]] for row in figure_rows]
+                                 7: "worker RSS N / 1k", 9: "outcomes / no-op"}[row["n"]] for row in figure_rows]
     for i, row in enumerate(figure_rows):
         color = "tab:green" if row["met"] else "tab:red"
         ax.barh(i, row["plot_ratio"], color=color, alpha=0.8)
