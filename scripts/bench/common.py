@@ -187,6 +187,33 @@ def start_worker(env: dict[str, str], log: Path, *, concurrency: int = 2, app: s
         )
 
 
+def measure_noop_rate(env: dict[str, str], log: Path, *, tasks: int, concurrency: int, queue: str) -> float:
+    """The no-op baseline (scripts/bench/noop_app.py): ``tasks`` no-op tasks published on ``queue``
+    while no worker runs, then one worker (the dispatcher's app and settings, ``concurrency``);
+    tasks a second from the first one's start to the last one's end, read from the counters in
+    ``BENCH_COUNTER_URL`` (a Redis of the benchmark's own)."""
+    import redis
+    from celery import Celery
+
+    from dispatcher.queues import broker_transport, broker_transport_options
+
+    counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
+    counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
+    producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
+    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
+    producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
+    for number in range(tasks):
+        producer.send_task("bench.noop", args=[number], queue=queue)
+    worker = start_worker(env, log, concurrency=concurrency, app="scripts.bench.noop_app", queues=queue)
+    try:
+        if not wait_until(lambda: int(counter.get("bench:noop:done") or 0) >= tasks, timeout_s=600, what="the no-op tasks"):
+            raise SystemExit("the no-op baseline did not finish")
+        elapsed = float(counter.get("bench:noop:last")) - float(counter.get("bench:noop:first"))  # type: ignore[arg-type]
+        return tasks / elapsed
+    finally:
+        stop(worker)
+
+
 def start_beat(env: dict[str, str], log: Path, schedule: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(

@@ -22,21 +22,28 @@ import json
 import os
 import platform
 import pstats
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import redis
 import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import BENCH_SANDBOX, private_broker, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
+from common import (  # noqa: E402  (scripts/bench/common.py, beside this script)
+    BENCH_SANDBOX,
+    measure_noop_rate,
+    private_broker,
+    private_redis,
+    reminder,
+    start_worker,
+    stop,
+    wait_until,
+)
 
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
@@ -70,7 +77,9 @@ def main() -> None:
             env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
                                          DISPATCHER_REDIS_URL=redis_url)
             env["BENCH_COUNTER_URL"] = redis_url
-            noop_rate = _noop_rate(env, Path(workdir), args)
+            os.environ.update(env)
+            noop_rate = measure_noop_rate(env, Path(workdir) / "noop.log", tasks=args.outcomes,
+                                          concurrency=args.concurrency, queue=OUTCOMES_QUEUE)
             outcome_rate, statements = _outcome_rate(env, Path(workdir), args)
     finally:
         with admin.connect() as connection:
@@ -90,44 +99,6 @@ def main() -> None:
     }, indent=2))
 
 
-def _worker(env: dict[str, str], app: str, queues: str, log: Path, concurrency: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues,
-         "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
-        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
-def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> float:
-    os.environ.update(env)
-    from celery import Celery
-
-    from dispatcher.queues import broker_transport, broker_transport_options
-
-    counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
-    counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
-    producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
-    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
-    producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
-    for number in range(args.outcomes):
-        producer.send_task("bench.noop", args=[number], queue=OUTCOMES_QUEUE)
-    worker = _worker(env, "scripts.bench.noop_app", OUTCOMES_QUEUE, workdir / "noop.log", args.concurrency)
-    try:
-        _wait(lambda: int(counter.get("bench:noop:done") or 0) >= args.outcomes, 600)
-        elapsed = float(counter.get("bench:noop:last")) - float(counter.get("bench:noop:first"))
-        return args.outcomes / elapsed
-    finally:
-        _stop(worker)
-
-
 def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, tuple[float, float]]:
     os.environ.update(env)
     from dispatcher.service import Dispatcher
@@ -142,13 +113,13 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
     dispatcher = Dispatcher(settings)
     engine = sa.create_engine(env["DISPATCHER_DATABASE_URL"])
     for number in range(args.outcomes):
-        dispatcher.notify(_request(f"bench-{number}", number % args.contacts))
-    sender = _worker(env, "workers.app", "dispatcher.send", workdir / "send.log", args.concurrency)
+        dispatcher.notify(reminder(f"bench-{number}", number % args.contacts))
+    sender = start_worker(env, workdir / "send.log", concurrency=args.concurrency)
     try:
         _wait(lambda: _count(engine, "SELECT count(*) FROM notifications WHERE message_id IS NOT NULL") >= args.outcomes,
-              900)
+              "the sends")
     finally:
-        _stop(sender)
+        stop(sender)
     with engine.connect() as connection:
         rows = connection.execute(sa.text(
             "SELECT message_id, conversation_id, inbox_id FROM notifications WHERE message_id IS NOT NULL")).all()
@@ -164,12 +135,12 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
     publisher = CeleryOutcomePublisher(settings.broker_url)
     publisher.publish_many(row_ids)
     publisher.close()
-    consumer = _worker(env, "workers.app", OUTCOMES_QUEUE, workdir / "consume.log", args.concurrency)
+    consumer = start_worker(env, workdir / "consume.log", concurrency=args.concurrency, queues=OUTCOMES_QUEUE)
     try:
         _wait(lambda: _count(engine, "SELECT count(*) FROM webhook_deliveries WHERE processed_at IS NOT NULL")
-              >= len(row_ids), 900)
+              >= len(row_ids), "the outcomes")
     finally:
-        _stop(consumer)
+        stop(consumer)
     statements = _statements_in_process(rows[:50], settings)
     with engine.connect() as connection:
         first, last, applied = connection.execute(sa.text(
@@ -245,24 +216,10 @@ def _count(engine: sa.Engine, query: str) -> int:
         return int(connection.execute(sa.text(query)).scalar_one())
 
 
-def _request(event_id: str, contact: int) -> dict[str, object]:
-    return {
-        "event_id": event_id,
-        "route": "reminders",
-        "contact": {"identifier": f"bench-patient-{contact}", "phone_number": f"+1555033{contact:04d}"},
-        "content": f"Reminder {event_id}",
-        "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
-                     "params": {"1": "Patient", "2": "tomorrow"}},
-    }
 
-
-def _wait(condition: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"benchmark timed out after {timeout_s} s")
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    if not wait_until(condition, timeout_s=900, what=what):
+        raise SystemExit(f"benchmark timed out waiting for {what}")
 
 
 if __name__ == "__main__":

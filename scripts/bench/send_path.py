@@ -24,13 +24,12 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
 import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import BENCH_SANDBOX, cpu_seconds, private_broker, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
+from common import BENCH_SANDBOX, cpu_seconds, measure_noop_rate, private_broker, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
 
 from tests.support.sandbox_process import running_sandbox  # noqa: E402
 from tests.support.worker_process import dispatcher_environment  # noqa: E402
@@ -60,7 +59,9 @@ def main() -> None:
             env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
                                          DISPATCHER_REDIS_URL=redis_url)
             env["BENCH_COUNTER_URL"] = redis_url
-            noop_rate = _noop_rate(env, Path(workdir), args)
+            os.environ.update(env)
+            noop_rate = measure_noop_rate(env, Path(workdir) / "noop.log", tasks=args.notifications,
+                                          concurrency=args.concurrency, queue="dispatcher.send")
             send_rate, intake_rate = _send_rate(env, Path(workdir), args)
     finally:
         with admin.connect() as connection:
@@ -95,28 +96,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
-
-
-def _noop_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> float:
-    os.environ.update(env)
-    from celery import Celery
-
-    from dispatcher.queues import SEND_QUEUE, broker_transport, broker_transport_options
-
-    counter = redis.Redis.from_url(env["BENCH_COUNTER_URL"])
-    counter.delete("bench:noop:done", "bench:noop:first", "bench:noop:last")
-    producer = Celery("bench", broker=env["DISPATCHER_BROKER_URL"], set_as_current=False)
-    producer.conf.broker_transport = broker_transport(env["DISPATCHER_BROKER_URL"])
-    producer.conf.broker_transport_options = broker_transport_options(env["DISPATCHER_BROKER_URL"])
-    for number in range(args.notifications):
-        producer.send_task("bench.noop", args=[number], queue=SEND_QUEUE)
-    worker = _worker(env, "scripts.bench.noop_app", workdir / "noop.log", args.concurrency)
-    try:
-        _wait(lambda: int(counter.get("bench:noop:done") or 0) >= args.notifications, 600)
-        elapsed = float(counter.get("bench:noop:last")) - float(counter.get("bench:noop:first"))
-        return args.notifications / elapsed
-    finally:
-        _stop(worker)
 
 
 def _send_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, float]:
