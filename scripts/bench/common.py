@@ -117,6 +117,33 @@ def private_broker(kind: str, redis_url: str) -> Iterator[str]:
         rabbitmqctl("delete_vhost", vhost)
 
 
+def add_broker_argument(parser: Any) -> None:
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="redis: a server of the benchmark's own; rabbitmq: a virtual host of its own on "
+                             "BENCH_RABBITMQ_URL (default amqp://guest:guest@127.0.0.1:5672), deleted afterwards")
+
+
+@contextlib.contextmanager
+def worker_stack(broker: str) -> Iterator[tuple[dict[str, str], Path]]:
+    """What a worker benchmark runs on, all of its own and all removed afterwards: a fresh
+    PostgreSQL database, a Redis server (the no-op's counters, and the limiter the workers share,
+    which a worker on an AMQP broker refuses to run without), the broker (``private_broker``), the
+    sandbox and a scratch folder. Yields the workers' environment (also set on this process) and
+    the folder."""
+    import tempfile
+
+    from tests.support.sandbox_process import running_sandbox
+    from tests.support.worker_process import dispatcher_environment
+
+    with temp_database() as database_url, private_redis() as redis_url, private_broker(broker, redis_url) as broker_url, \
+            running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
+        env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
+                                     DISPATCHER_REDIS_URL=redis_url)
+        env["BENCH_COUNTER_URL"] = redis_url
+        os.environ.update(env)
+        yield env, Path(workdir)
+
+
 def environment(*, api_url: str, database_url: str, broker_url: str, uncapped: bool = True, **overrides: str) -> dict[str, str]:
     """The DISPATCHER_* environment of every process in a benchmark (the tests' fast retries)."""
     from tests.support.worker_process import dispatcher_environment

@@ -23,8 +23,6 @@ import os
 import platform
 import pstats
 import sys
-import tempfile
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,20 +33,15 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from common import (  # noqa: E402  (scripts/bench/common.py, beside this script)
-    BENCH_SANDBOX,
+    add_broker_argument,
     measure_noop_rate,
-    private_broker,
-    private_redis,
     reminder,
     start_worker,
     stop,
     wait_until,
+    worker_stack,
 )
 
-from tests.support.sandbox_process import running_sandbox  # noqa: E402
-from tests.support.worker_process import dispatcher_environment  # noqa: E402
-
-ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 OUTCOMES_QUEUE = "dispatcher.outcomes"
 
 
@@ -57,33 +50,15 @@ def main() -> None:
     parser.add_argument("--outcomes", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
-                        help="redis: a server of the benchmark's own; rabbitmq: a virtual host of its own on "
-                             "BENCH_RABBITMQ_URL (default amqp://guest:guest@127.0.0.1:5672), deleted afterwards")
+    add_broker_argument(parser)
     parser.add_argument("--profile", action="store_true",
                         help="profile the in-process count (cProfile) and print where its time goes, by package")
     args = parser.parse_args()
     PROFILE.append(args.profile)
-    database = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
-    database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
-    try:
-        with private_redis() as redis_url, private_broker(args.broker, redis_url) as broker_url, \
-                running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
-            # Redis also keeps the no-op's counters, and the limiter shared by the workers (which a
-            # worker on an AMQP broker refuses to run without: DISPATCHER_REDIS_URL).
-            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
-                                         DISPATCHER_REDIS_URL=redis_url)
-            env["BENCH_COUNTER_URL"] = redis_url
-            os.environ.update(env)
-            noop_rate = measure_noop_rate(env, Path(workdir) / "noop.log", tasks=args.outcomes,
-                                          concurrency=args.concurrency, queue=OUTCOMES_QUEUE)
-            outcome_rate, statements = _outcome_rate(env, Path(workdir), args)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    with worker_stack(args.broker) as (env, workdir):
+        noop_rate = measure_noop_rate(env, workdir / "noop.log", tasks=args.outcomes, concurrency=args.concurrency,
+                                      queue=OUTCOMES_QUEUE)
+        outcome_rate, statements = _outcome_rate(env, workdir, args)
     print(json.dumps({
         "benchmark": "outcome consumer (message_updated with a status)",
         "outcomes": args.outcomes,

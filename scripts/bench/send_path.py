@@ -19,9 +19,7 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -29,12 +27,7 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import BENCH_SANDBOX, cpu_seconds, measure_noop_rate, private_broker, private_redis  # noqa: E402  (scripts/bench/common.py, beside this script)
-
-from tests.support.sandbox_process import running_sandbox  # noqa: E402
-from tests.support.worker_process import dispatcher_environment  # noqa: E402
-
-ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+from common import add_broker_argument, cpu_seconds, measure_noop_rate, worker_stack  # noqa: E402  (scripts/bench/common.py, beside this script)
 
 
 def main() -> None:
@@ -42,30 +35,12 @@ def main() -> None:
     parser.add_argument("--notifications", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
-                        help="redis: a server of the benchmark's own; rabbitmq: a virtual host of its own on "
-                             "BENCH_RABBITMQ_URL (default amqp://guest:guest@127.0.0.1:5672), deleted afterwards")
+    add_broker_argument(parser)
     args = parser.parse_args()
-    database = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(sa.text(f'CREATE DATABASE "{database}"'))
-    database_url = sa.engine.make_url(ADMIN_URL).set(database=database).render_as_string(hide_password=False)
-    try:
-        with private_redis() as redis_url, private_broker(args.broker, redis_url) as broker_url, \
-                running_sandbox(BENCH_SANDBOX) as sandbox, tempfile.TemporaryDirectory() as workdir:
-            # Redis also keeps the no-op's counters, and the limiter shared by the workers (which a
-            # worker on an AMQP broker refuses to run without: DISPATCHER_REDIS_URL).
-            env = dispatcher_environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url,
-                                         DISPATCHER_REDIS_URL=redis_url)
-            env["BENCH_COUNTER_URL"] = redis_url
-            os.environ.update(env)
-            noop_rate = measure_noop_rate(env, Path(workdir) / "noop.log", tasks=args.notifications,
-                                          concurrency=args.concurrency, queue="dispatcher.send")
-            send_rate, intake_rate = _send_rate(env, Path(workdir), args)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+    with worker_stack(args.broker) as (env, workdir):
+        noop_rate = measure_noop_rate(env, workdir / "noop.log", tasks=args.notifications, concurrency=args.concurrency,
+                                      queue="dispatcher.send")
+        send_rate, intake_rate = _send_rate(env, workdir, args)
     print(json.dumps({
         "benchmark": "send_path (warm: known contacts)",
         "notifications": args.notifications,
