@@ -60,7 +60,8 @@ def recipient_of(value: Recipient | dict[str, Any], *, field: str = "recipient")
     except ValidationError as error:
         problem = error.errors(include_input=False, include_url=False)[0]
         message = str(problem["msg"]).removeprefix("Value error, ")
-        where = ".".join([field, *(str(part) for part in problem["loc"])])
+        # a key the caller invented may be a phone number or an address: never repeated
+        where = ".".join([field, *(str(part) if part in Recipient.model_fields else "*" for part in problem["loc"])])
         name, _, rest = message.partition(": ")
         if rest and " " not in name:
             where, message = f"{field}.{name}" if name != field else field, rest

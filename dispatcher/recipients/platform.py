@@ -13,6 +13,11 @@ from dispatcher.recipients.suppressions import ALL, Scope
 from dispatcher.settings import ChannelKind
 
 MARKETING = "marketing"
+OPT_OUT_CODES = frozenset({"21610", "131050"})
+
+
+def means_opt_out(external_error: str | None) -> bool:
+    return parse_error_code(external_error) in OPT_OUT_CODES
 
 
 def opt_out_scope(external_error: str | None, *, channel: str) -> Scope | None:

@@ -16,6 +16,7 @@ from dispatcher.api.paging import iter_search_results
 from dispatcher.context import SEARCH_BUCKET, SendContext, Wait, call_api
 from dispatcher.errors import DispatcherError
 from dispatcher.intake.request import ContactDetails
+from dispatcher.recipients.keys import recipient_keys
 from dispatcher.store import queries as store
 
 
@@ -24,13 +25,9 @@ class NotContactable(DispatcherError):
 
 
 def contact_keys(contact: ContactDetails, *, key: bytes) -> list[str]:
-    """Identity keys (keyed hashes), identifier first: the host's stable ID beats a phone number."""
-    keys = []
-    if contact.identifier:
-        keys.append(store.identity_key(key=key, identifier=contact.identifier))
-    if contact.phone_number:
-        keys.append(store.identity_key(key=key, phone_number=contact.phone_number))
-    return keys
+    """Identity keys (keyed hashes) the contact cache knows, identifier first: the host's stable ID
+    beats a phone number (a recipient's e-mail key is for suppressions only)."""
+    return recipient_keys(key=key, identifier=contact.identifier, phone_number=contact.phone_number)
 
 
 def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int) -> tuple[int, str | None]:

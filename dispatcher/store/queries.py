@@ -622,17 +622,6 @@ def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | N
     return session.get(WebhookDelivery, delivery_row_id)
 
 
-def count_delivery_try(session: Session, delivery_row_id: int) -> int | None:
-    """One more consumer run of an unprocessed delivery: its try number, or None when it is done."""
-    deliveries = table_of(WebhookDelivery)
-    return session.execute(
-        update(deliveries)
-        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
-        .values(tries=deliveries.c.tries + 1)
-        .returning(deliveries.c.tries)
-    ).scalar_one_or_none()
-
-
 @dataclass(frozen=True)
 class DeliveryRun:
     """One consumer run of a delivery: its try number and what the receiver stored."""

@@ -166,6 +166,8 @@ def _inbox_of(route: Route, ctx: SendContext) -> int | None:
 def record_platform_opt_out(notification_id: int, external_error: str | None, ctx: SendContext) -> bool:
     """A provider code that means "this person opted out" (21610, 131050): suppress the recipient
     of the notification's current attempt in that code's scope. Whether it was such a code."""
+    if not platform.means_opt_out(external_error):
+        return False  # the usual failure: no transaction spent on this question
     now, account_id = ctx.clock(), ctx.settings.account_id
     with ctx.sessions.begin() as session:
         notification = session.get(Notification, notification_id)
@@ -193,11 +195,6 @@ def record_platform_opt_out(notification_id: int, external_error: str | None, ct
     metrics.OPT_OUTS.labels(change="opted_out", source="platform").inc()
     log.info("notification %s: the provider says its recipient opted out (%s)", notification_id, scope.describe())
     return True
-
-
-def read_outcome(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> Outcome | None:
-    """The message's status from the message list of its (stored) conversation."""
-    return read_outcomes(ctx, conversation_id=conversation_id, message_id=message_id).get(message_id)
 
 
 def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> dict[int, Outcome]:
@@ -413,22 +410,9 @@ def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.message_id is None:
             return "ignored"
-        message_id, conversation_id = attempt.message_id, attempt.conversation_id
-        state, accepted_at = AttemptState(attempt.state), attempt.accepted_at
-    try:
-        found = read_outcome(ctx, conversation_id=conversation_id, message_id=message_id)
-    except ApiError as error:
-        log.warning("reconciling attempt %s: %s", attempt_id, type(error).__name__)
-        found, result = None, "unreadable"
-    else:
-        result = "no_status"
-    now = ctx.clock()
-    with ctx.sessions.begin() as session:
-        store.schedule_read(session, attempt_id, at=next_read_at(state=state, accepted_at=accepted_at or now, now=now,
-                                                                  plan=readback_plan_of(ctx.settings)))
-    if found is None or found.status is None:
-        return result
-    return apply_outcome(found, ctx, enqueuer)
+        read = store.DueRead(attempt.id, attempt.message_id, attempt.conversation_id, attempt.state, attempt.accepted_at)
+    found, _, unreadable = _read_for(ctx, read.conversation_id, read.message_id)
+    return _after_read(read, found.get(read.message_id), ctx, enqueuer, unreadable=unreadable)
 
 
 def reconcile_due(reads: list[store.DueRead], ctx: SendContext, enqueuer: Enqueuer) -> dict[str, int]:

@@ -44,3 +44,12 @@ def test_a_route_s_own_lists_decide() -> None:
 def test_provider_codes_that_mean_an_opt_out(error: str | None, scope: tuple[str, str] | None) -> None:
     found = opt_out_scope(error, channel="sms")
     assert (None if found is None else (found.channel, found.category)) == scope
+
+
+def test_a_recipient_key_the_caller_invented_is_never_repeated() -> None:
+    from dispatcher.errors import InvalidEvent
+    from dispatcher.recipients.controls import recipient_of
+
+    with pytest.raises(InvalidEvent) as refused:
+        recipient_of({"+15551234567": "x", "identifier": "p-1"})
+    assert "+15551234567" not in str(refused.value) and refused.value.field == "recipient.*"
