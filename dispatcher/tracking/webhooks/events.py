@@ -79,13 +79,13 @@ def summarize(payload: Mapping[str, Any], *, reply_words: frozenset[str] = froze
         event=payload["event"],
         message_id=_id(payload.get("id")),
         status=_choice(payload.get("status"), _STATUSES),
-        message_type=_choice(payload.get("message_type"), _TYPES),
+        message_type=message_type,
         private=payload.get("private") if isinstance(payload.get("private"), bool) else None,
         external_error=_external_error(payload),
         conversation_display_id=_id(conversation.get("id")),
         inbox_id=_id(_mapping(payload.get("inbox")).get("id")),
         account_id=_id(_mapping(payload.get("account")).get("id")),
-        contact_id=_contact_id(payload, conversation, incoming=_choice(payload.get("message_type"), _TYPES) == "incoming"),
+        contact_id=_contact_id(payload, conversation, incoming=message_type == "incoming"),
         created_at=_time(payload.get("created_at")),
     )
 
