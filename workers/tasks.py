@@ -7,7 +7,6 @@ Flower and the logs show nothing private.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from celery import Task
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -17,8 +16,8 @@ from dispatcher.metrics import SEND_RESULTS
 from dispatcher.operations.retention import purge
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.queues import OUTCOME_TASK, READ_BACK_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.sending.next_run import schedule_next_run
 from dispatcher.sending.send import Outcome, send_notification
-from dispatcher.store import queries as store
 from dispatcher.tracking.outcomes import read_back_message
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from workers import runtime
@@ -52,13 +51,9 @@ def send(self: Task, notification_id: int) -> str:
             return result.outcome.value
         # The reason names operations, statuses and error kinds only: never content or contacts.
         log.info("notification %s: retry in %.1fs (%s)", notification_id, result.delay_s, result.reason)
-        if result.deferred:  # the send path says when a wait is too long for a broker countdown
-            with context.sessions.begin() as session:
-                store.defer(session, int(notification_id), at=context.clock() + timedelta(seconds=result.delay_s))
+        countdown = schedule_next_run(int(notification_id), result, context)
+        if countdown is None:
             return "deferred"
-        countdown = max(result.delay_s, 0.05)
-        with context.sessions.begin() as session:
-            store.expect_run(session, int(notification_id), at=context.clock() + timedelta(seconds=countdown))
     except (OperationalError, InterfaceError) as error:
         raise _store_unavailable(self, f"notification {notification_id}", error) from None
     raise self.retry(countdown=countdown, max_retries=None)

@@ -41,6 +41,7 @@ from dispatcher.api.records import (
     Webhook,
     parse_list,
 )
+from dispatcher.faults import crash_point
 
 __all__ = ["DEFAULT_TIMEOUT", "CONVERSATION_STATUSES", "WEBHOOK_SUBSCRIPTIONS",
            "WorkspaceClient", "quiet_http_logging"]
@@ -174,9 +175,11 @@ class WorkspaceClient:
               context: Context | None = None) -> T:
         started = time.monotonic()
         response: httpx.Response | None = None
+        crash_point(f"before {operation}")
         try:
             with map_errors(operation, context=context):
                 response = self._http.request(method, path, params=params, json=json)
+                crash_point(f"after {operation}")  # the workspace did its part; the answer is lost with us
                 _log.debug("%s -> HTTP %s in %.0f ms", operation, response.status_code,
                            (time.monotonic() - started) * 1000)
                 response.raise_for_status()

@@ -11,6 +11,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from dispatcher.faults import crash_point
+
 # Text no store of ours can keep: PostgreSQL refuses a NUL, and UTF-8 cannot encode a lone UTF-16
 # surrogate. Intake and the webhook receiver refuse it at the edge, so nothing fails later.
 UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
@@ -73,7 +75,20 @@ def shared_engine(database_url: str) -> Engine:
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    # Crash points (dispatcher.faults): a process may die with its transaction open (it is
+    # discarded) or right after a commit (the work is kept, the process's memory is not).
+    event.listen(sessions, "before_commit", _before_commit)
+    event.listen(sessions, "after_commit", _after_commit)
+    return sessions
+
+
+def _before_commit(session: Session) -> None:
+    crash_point("before commit", in_transaction=True)
+
+
+def _after_commit(session: Session) -> None:
+    crash_point("after commit")
 
 
 def dispose_after_fork() -> None:

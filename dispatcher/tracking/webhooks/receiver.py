@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,9 +71,8 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     producer on the settings' broker; ``clock`` (unix seconds) is "now" for the replay window."""
     secrets = [secret.get_secret_value() for secret in settings.webhook_secrets]
     body_timeout_s, store_timeout_s = settings.receiver_body_timeout_s, settings.receiver_store_timeout_s
-    prefixes = settings.webhook_header_prefixes
-    window_s, limit = settings.webhook_replay_window_s, settings.webhook_max_body_bytes
-    reply_words = vocabulary(settings.routes.values())  # an incoming reply is kept only as one of these
+    prefixes, limit = settings.webhook_header_prefixes, settings.webhook_max_body_bytes
+    read = delivery_reader(settings)
     delivery_headers = [f"x-{prefix.lower()}-delivery" for prefix in prefixes]
     if not any(secrets):
         log.error("no webhook secret configured: every delivery is refused (set DISPATCHER_WEBHOOK_SECRETS)")
@@ -106,10 +105,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
                     body = await _read_body(request, limit)
             except TimeoutError:
                 raise WebhookRejected("body_timeout", status_code=408) from None
-            now = clock()
-            verified = verify_delivery(request.headers, body, secrets=secrets, prefixes=prefixes,
-                                       window_s=window_s, now=now)
-            summary = _summary(body, reply_words, settings.hashing_key)
+            delivery = read(request.headers, body, clock())
         except WebhookRejected as refusal:
             WEBHOOK_VERDICTS.labels(verdict=refusal.reason).inc()
             delivery_id = next((request.headers[name] for name in delivery_headers if name in request.headers), "")
@@ -124,15 +120,13 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         # (the writer skips a cancelled waiter; a repeat is recognised by its delivery ID).
         try:
             async with asyncio.timeout(store_timeout_s):
-                answer = await writer.submit(NewDelivery(verified.delivery_id, summary.event,
-                                                         summary.model_dump(mode="json"),
-                                                         datetime.fromtimestamp(now, UTC)))
+                answer = await writer.submit(delivery)
         except (SQLAlchemyError, TimeoutError) as error:
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
-            log.error("webhook delivery %s not recorded: %s", verified.delivery_id, type(error).__name__)
+            log.error("webhook delivery %s not recorded: %s", delivery.delivery_id, type(error).__name__)
             # A stock workspace never sends it again: have the message read back as soon as the
             # store answers (by its ID only), instead of at the next scheduled read-back.
-            await run_in_threadpool(_ask_read_back, send, summary.message_id)
+            await run_in_threadpool(_ask_read_back, send, delivery.summary.get("message_id"))
             return _refusal("store_unavailable", 503)
         WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
         return Response(answer, media_type="application/json")
@@ -203,6 +197,23 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise WebhookRejected("body_too_large", status_code=413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def delivery_reader(settings: Settings) -> Callable[[Mapping[str, str], bytes, float], NewDelivery]:
+    """The receiver's work on one request once its body is read: verify the signature and the
+    replay window at ``now`` (unix seconds), and summarise the event for the store. Raises
+    WebhookRejected. The deterministic simulation feeds the sandbox's deliveries through it too."""
+    secrets = [secret.get_secret_value() for secret in settings.webhook_secrets]
+    prefixes, window_s = settings.webhook_header_prefixes, settings.webhook_replay_window_s
+    reply_words = vocabulary(settings.routes.values())  # an incoming reply is kept only as one of these
+
+    def read(headers: Mapping[str, str], body: bytes, now: float) -> NewDelivery:
+        verified = verify_delivery(headers, body, secrets=secrets, prefixes=prefixes, window_s=window_s, now=now)
+        summary = _summary(body, reply_words, settings.hashing_key)
+        return NewDelivery(verified.delivery_id, summary.event, summary.model_dump(mode="json"),
+                           datetime.fromtimestamp(now, UTC))
+
+    return read
 
 
 def _storable(value: object) -> bool:

@@ -1,0 +1,196 @@
+"""The promises, checked after every step of a simulated run.
+
+Safety (each a :class:`~tests.simulation.world.Violation` when broken):
+
+* ``one_message``: at most one message per event and route in the workspace.
+* ``one_fallback``: the fallback decision is written once and never changes; at most one fallback attempt.
+* ``forward_only``: a notification's and an attempt's state only take the lifecycle table's edges
+  (dispatcher/lifecycle/table.py, its own MOVES: read, not copied), possibly several in one step.
+* ``no_send_after_opt_out``: no message whose claim came after the recipient's opt-out was committed.
+* ``tries_bounded``: an attempt never counts more than ``retry_max_tries`` tries, and makes no more
+  createMessage calls than that.
+* ``tries_spent_on_calls``: an attempt that ends ``tries_exhausted`` made at least
+  ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none).
+* ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
+* ``ended_with_reason``: a failed notification says why (error_kind).
+
+Liveness: once faults stop, every notification ends (delivered, read or failed) within
+:data:`SETTLE_BOUND_S` of simulated time; the scheduler reports a run that stops or runs out of
+time before that as ``liveness``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from functools import cache
+from typing import NamedTuple
+
+from dispatcher.lifecycle.states import AttemptState, NotificationState
+from dispatcher.lifecycle.table import MOVES, NEW
+from dispatcher.recipients.controls import recipient_of
+from tests.simulation.world import Violation, World
+
+ENDED = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
+EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
+ROUTE_INBOX = {"reminders": 1, "sms": 2}
+CHANNEL_OF_INBOX = {1: "messaging_platform", 2: "sms"}
+
+# Once faults stop, every notification ends within this much simulated time at the default
+# settings (docs/simulation.md derives it): a lost worker's task returns after the visibility
+# timeout (3600 s) and a task lost otherwise is found by the sweep after stale_after_s (300 s);
+# a first attempt's delivery deadline (900 s) and the fallback's own sends come after that.
+SETTLE_BOUND_S = 3600.0 + 300.0 + 900.0 + 600.0
+
+
+@cache
+def _reachable(side: str) -> dict[str, frozenset[str]]:
+    """Every state reachable from each state by the table's edges (the transitive closure)."""
+    step: dict[str, set[str]] = defaultdict(set)
+    for move in MOVES.values():
+        chosen = getattr(move, side)
+        if chosen is None:
+            continue
+        for start, end in chosen.edges:
+            if start != NEW:
+                step[start].add(end)
+    closure: dict[str, frozenset[str]] = {}
+    for state in list(step):
+        seen, todo = {state}, [state]
+        while todo:
+            for nxt in step.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        closure[state] = frozenset(seen)
+    return closure
+
+
+def check(world: World) -> list[Violation]:
+    world.clock.advance_to(world.clock.now + 0.001)  # each step takes a moment: commits are ordered in time
+    found: list[Violation] = []
+    memory = world.memory
+    messages = world.workspace.outgoing()
+    per_route = Counter()
+    for message in messages:
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        if match:
+            per_route[(match.group(1), message.inbox_id)] += 1
+    for (event_id, inbox_id), count in per_route.items():
+        if count > 1:
+            found.append(Violation("one_message", f"{event_id} has {count} messages in inbox {inbox_id}"))
+    raw = world.raw  # plain SQL on the run's own connection: the checks cost little beside the real code
+    notifications = [_Row(*row) for row in raw.execute(
+        "SELECT id, event_id, state, error_kind, fallback_decision, route FROM notifications")]
+    attempts = [_Attempt(*row) for row in raw.execute(
+        "SELECT notification_id, number, purpose, state, tries, in_flight_since, route, error_kind FROM attempts")]
+    suppressions = [(key, channel, as_time(since)) for key, channel, since in raw.execute(
+        "SELECT recipient_key, channel, since FROM suppressions")] if world.spec.opt_outs else []
+    states: dict[tuple[str, int], str] = memory.setdefault("states", {})
+    decisions: dict[int, str] = memory.setdefault("decisions", {})
+    fallbacks = Counter(a.notification_id for a in attempts if a.purpose == "fallback")
+    event_of = {n.id: n.event_id for n in notifications}
+    for n in notifications:
+        _forward(found, states, "notification", ("n", n.id), n.state)
+        if n.fallback_decision is not None:
+            before = decisions.setdefault(n.id, n.fallback_decision)
+            if before != n.fallback_decision:
+                found.append(Violation("one_fallback", f"{n.event_id}: decision {before} became {n.fallback_decision}"))
+            elif n.fallback_decision == "fallback" and "fallback_checked" not in memory.setdefault(f"n{n.id}", {}):
+                memory[f"n{n.id}"]["fallback_checked"] = True
+                first_inbox = ROUTE_INBOX.get(n.route)
+                for message in messages:
+                    match = EVENT_IN_CONTENT.match(message.content or "")
+                    if (match and match.group(1) == n.event_id and message.inbox_id == first_inbox
+                            and message.status in ("delivered", "read")):
+                        found.append(Violation("no_fallback_after_delivery",
+                                               f"{n.event_id}: fallback decided while message {message.id} is {message.status}"))
+        if fallbacks[n.id] > 1:
+            found.append(Violation("one_fallback", f"{n.event_id} has {fallbacks[n.id]} fallback attempts"))
+        if n.state == NotificationState.FAILED and not n.error_kind:
+            found.append(Violation("ended_with_reason", f"{n.event_id} failed without an error_kind"))
+    max_tries = world.settings.retry_max_tries
+    calls = memory.get("create_calls", {})
+    for a in attempts:
+        _forward(found, states, "attempt", ("a", a.notification_id, a.number), a.state)
+        if a.tries > max_tries:
+            found.append(Violation("tries_bounded", f"{event_of.get(a.notification_id)} attempt {a.number} "
+                                   f"counted {a.tries} tries (limit {max_tries})"))
+        if a.state == AttemptState.FAILED and a.error_kind == "tries_exhausted":
+            reached = calls.get((a.notification_id, a.route), 0)
+            if reached < max_tries:
+                found.append(Violation("tries_spent_on_calls", f"{event_of.get(a.notification_id)} attempt {a.number} "
+                                       f"ended tries_exhausted after {reached} createMessage calls reached the "
+                                       f"workspace ({a.tries} tries counted)"))
+    found += _opt_outs(world, messages, attempts, suppressions, event_of)
+    if len(world.handed_over) == len(world.requests) and notifications and all(n.state in ENDED for n in notifications):
+        if memory.get("all_ended_at") is None:
+            memory["all_ended_at"] = world.clock.now
+            memory["ends"] = dict(Counter(n.error_kind or n.state for n in notifications))
+            settle = world.clock.now - world.last_fault_at
+            if settle > SETTLE_BOUND_S:
+                found.append(Violation("liveness", f"settled {settle:.0f} s after the last fault (bound {SETTLE_BOUND_S:.0f} s)"))
+    else:
+        memory["all_ended_at"] = None
+    return found
+
+
+class _Row(NamedTuple):
+    id: int
+    event_id: str
+    state: str
+    error_kind: str | None
+    fallback_decision: str | None
+    route: str
+
+
+class _Attempt(NamedTuple):
+    notification_id: int
+    number: int
+    purpose: str
+    state: str
+    tries: int
+    in_flight_since: datetime | None
+    route: str
+    error_kind: str | None
+
+
+def as_time(value: object) -> datetime:
+    """A UTCDateTime column as SQLite keeps it (ISO text), read without the ORM."""
+    moment = datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _forward(found: list[Violation], states: dict[tuple[str, int], str], side: str, key: tuple, state: str) -> None:
+    before = states.get(key)
+    if before is not None and before != state and state not in _reachable(side).get(before, frozenset()):
+        found.append(Violation("forward_only", f"{side} {key[1:]} went from {before} to {state}"))
+    states[key] = state
+
+
+def _opt_outs(world: World, messages: list, attempts: list, suppressions: list, event_of: dict[int, str]) -> list[Violation]:
+    if not suppressions:
+        return []
+    key = world.settings.hashing_key
+    keys_of = world.memory.get("recipient_keys")
+    if keys_of is None:
+        keys_of = world.memory["recipient_keys"] = {
+            f"ev-{i}": set(recipient_of({"phone_number": r.contact.phone_number}).keys(key=key))
+            for i, r in enumerate(world.requests)}
+    found = []
+    claims = {(event_of.get(a.notification_id), ROUTE_INBOX.get(a.route)): a.in_flight_since for a in attempts}
+    for message in messages:
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        if not match:
+            continue
+        event_id = match.group(1)
+        channel = CHANNEL_OF_INBOX.get(message.inbox_id)
+        claimed_at = claims.get((event_id, message.inbox_id))
+        claimed = as_time(claimed_at) if claimed_at is not None else None
+        for recipient_key, suppressed_channel, since in suppressions:
+            if (recipient_key in keys_of.get(event_id, ()) and suppressed_channel in ("*", channel)
+                    and claimed is not None and claimed > since):
+                found.append(Violation("no_send_after_opt_out", f"{event_id}: message {message.id} on {channel} was "
+                                       f"claimed {(claimed - since).total_seconds():.3f} s after the opt-out"))
+    return found

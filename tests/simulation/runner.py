@@ -1,0 +1,81 @@
+"""Run, replay and shrink simulated worlds; the command line is tests/simulation/__main__.py."""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from dispatcher.settings import Settings
+from dispatcher.store.migrate import upgrade_database
+from tests.simulation import invariants
+from tests.simulation.workspace import WORKSPACE_URL
+from tests.simulation.world import Choices, Outcome, World, WorldSpec
+from tests.support.dispatcher_setup import example_settings
+
+
+@cache
+def template_store() -> sqlite3.Connection:
+    """The migrated schema, made once per process; each run starts from an in-memory copy."""
+    folder = Path(tempfile.mkdtemp(prefix="dispatcher-sim-"))
+    path = folder / "template.sqlite"
+    upgrade_database(f"sqlite:///{path}")
+    return sqlite3.connect(path, check_same_thread=False)
+
+
+@cache
+def settings_for(secret: str) -> Settings:
+    """The example configuration at its defaults, pointed at the simulated workspace."""
+    return example_settings(api_url=WORKSPACE_URL, webhook_secrets=[secret], database_url="sqlite://")
+
+
+def run(spec: WorldSpec, *, seed: int | None = None, script: list[int] | None = None,
+        keep_trace: bool = True, strict: bool = False) -> Outcome:
+    """One run from a seed, or from a script of choices (``strict``: stop where the script ends)."""
+    world = World(spec, Choices(seed=seed, script=script, strict=strict), settings=settings_for,
+                  template=template_store(), checks=invariants.check, as_time=invariants.as_time,
+                  keep_trace=keep_trace)
+    return world.run()
+
+
+def shrink(spec: WorldSpec, choices: list[int], fails: Callable[[Outcome], bool], *, budget: int = 600) -> list[int]:
+    """A shorter, plainer list of choices that still fails: cut the tail, drop single choices,
+    turn choices into 0 (the plain step, no fault), until nothing helps or the budget is spent."""
+    best = list(choices)
+    tries = 0
+
+    def still_fails(candidate: list[int]) -> bool:
+        nonlocal tries
+        tries += 1
+        return fails(run(spec, script=candidate, keep_trace=False))
+
+    improved = True
+    while improved and tries < budget:
+        improved = False
+        cut = len(best) // 2
+        while cut > 0 and tries < budget:
+            if still_fails(best[: len(best) - cut]):
+                best, improved = best[: len(best) - cut], True
+            else:
+                cut //= 2
+        index = len(best) - 1
+        while index >= 0 and tries < budget:
+            for candidate in (best[:index] + best[index + 1:], best[:index] + [0] + best[index + 1:]):
+                if candidate != best and still_fails(candidate):
+                    best, improved = candidate, True
+                    break
+            index = min(index - 1, len(best) - 1)
+    while best and best[-1] == 0:
+        best.pop()
+    return best
+
+
+WORLDS: dict[str, WorldSpec] = {
+    "small": WorldSpec(),  # 5 notifications, 5 faults: the README's test command runs thousands of these
+    "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
+    # issue 22's loss: crashes and redeliveries of the send task spend the provider tries
+    "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
+                              crash_nodes=frozenset({"worker"}), webhook_faults=False),
+}

@@ -1,0 +1,713 @@
+"""One simulated world: our real code in processes that a seeded scheduler runs one step at a time.
+
+A *node* is a process of ours (send workers, the outcome consumer, beat's sweeps, the webhook
+receiver, the host that hands events over). Each task a node runs is a greenlet executing the real
+code (``send_notification``, ``process_delivery``, ``tracking_sweep``, ``accept``, the receiver's
+``delivery_reader`` and ``record_deliveries``). At every crash point (dispatcher/faults.py) outside
+a store transaction the greenlet hands control back to the scheduler, which picks the next step
+among everything that could happen now: another node's step, a broker delivery, a webhook, a
+sandbox timer. A crash at a point throws :class:`SimCrash` into the greenlet: the transaction in
+flight is discarded, the node's memory (its SendContext: caches, limiter, breaker) is dropped,
+and its task goes back to the broker as Celery's settings make it (at once when only the pool
+child dies, after the visibility timeout when the whole worker is lost).
+
+Every choice (which step, which fault) comes from :class:`Choices`, so a seed replays exactly and
+a recorded list of choices replays a run without its seed (the shrinker edits such lists).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from greenlet import greenlet
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
+
+from dispatcher import faults
+from dispatcher.api import WorkspaceClient
+from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
+from dispatcher.intake.accept import accept
+from dispatcher.intake.request import NotificationRequest
+from dispatcher.operations.sweep import sweep as run_sweep
+from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
+from dispatcher.policy.ratelimit import LocalLimiter
+from dispatcher.recipients.controls import Recipients
+from dispatcher.sending.next_run import schedule_next_run
+from dispatcher.sending.send import send_notification
+from dispatcher.settings import Settings
+from dispatcher.store import db as store_db
+from dispatcher.store.db import session_factory
+from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
+from dispatcher.tracking.webhooks.deliveries import record_deliveries
+from dispatcher.tracking.webhooks.receiver import delivery_reader
+from tests.simulation.clock import SimClock, simulated_time
+from tests.simulation.workspace import CALL_FAULTS, SimWorkspace
+
+SEND, OUTCOME = "send", "outcome"
+ROUTE_OF_INBOX = {1: "reminders", 2: "sms"}
+CRASH_POINTS_PER_RUN = 10
+IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
+
+
+class SimCrash(BaseException):
+    """The process dies here. A BaseException: no ``except Exception`` of ours may swallow it."""
+
+
+class OutOfChoices(BaseException):
+    """A strict scripted run reached a choice its script does not make (the explorer branches there)."""
+
+    def __init__(self, options: int) -> None:
+        super().__init__(options)
+        self.options = options
+
+
+# -- choices --------------------------------------------------------------------------------
+
+
+class Choices:
+    """Every nondeterministic choice of a run, drawn from a seed or replayed from a list.
+
+    A choice is an int; 0 is the plain one (the first enabled step, no fault), so the shrinker
+    simplifies a run by turning choices into 0 and cutting the list."""
+
+    def __init__(self, seed: int | None = None, script: list[int] | None = None, *, strict: bool = False) -> None:
+        self.rng = random.Random(seed)
+        self.script = script
+        self.strict = strict  # past the script: stop (OutOfChoices) instead of taking the plain choice
+        self.made: list[int] = []
+
+    def pick(self, options: int) -> int:
+        if options <= 1:
+            return 0
+        if self.script is not None:
+            index = len(self.made)
+            if index >= len(self.script) and self.strict:
+                raise OutOfChoices(options)
+            value = self.script[index] % options if index < len(self.script) else 0
+        else:
+            value = self.rng.randrange(options)
+        self.made.append(value)
+        return value
+
+    def chance(self, probability: float, options: int) -> int:
+        """0 (nothing happens) or, with ``probability``, one of 1..options-1."""
+        if self.script is not None:
+            return self.pick(options)
+        value = self.rng.randrange(1, options) if self.rng.random() < probability else 0
+        self.made.append(value)
+        return value
+
+
+# -- the broker ------------------------------------------------------------------------------
+
+
+@dataclass(order=True)
+class Task:
+    due: float
+    seq: int
+    kind: str = field(compare=False)
+    arg: int = field(compare=False)
+    holder: str | None = field(default=None, compare=False)  # a worker keeping its own countdown (ETA) task
+
+    def __str__(self) -> str:
+        return f"{self.kind} {'n' if self.kind == SEND else 'd'}{self.arg}"
+
+
+class Broker:
+    """At least once, as Celery with ``task_acks_late`` and ``task_reject_on_worker_lost`` gives it:
+    a task is acknowledged when its run ends; a pool child that dies has its task requeued at once;
+    a whole worker lost (SIGKILL, a lost machine) has its running and countdown tasks come back
+    after ``visibility_timeout_s`` (the Redis transport). A task may also be delivered twice."""
+
+    def __init__(self, visibility_timeout_s: float) -> None:
+        self.visibility_timeout_s = visibility_timeout_s
+        self.tasks: list[Task] = []
+        self._seq = 0
+
+    def publish(self, kind: str, arg: int, due: float, *, holder: str | None = None) -> Task:
+        self._seq += 1
+        task = Task(due, self._seq, kind, arg, holder)
+        heapq.heappush(self.tasks, task)
+        return task
+
+    def ready(self, kind: str, node: str, now: float) -> Task | None:
+        for task in sorted(self.tasks):
+            if task.due > now:
+                return None
+            if task.kind == kind and task.holder in (None, node):
+                return task
+        return None
+
+    def take(self, task: Task) -> None:
+        self.tasks.remove(task)
+        heapq.heapify(self.tasks)
+
+    def worker_lost(self, node: str, running: Task | None, now: float) -> None:
+        back = now + self.visibility_timeout_s
+        for task in self.tasks:
+            if task.holder == node:
+                task.holder, task.due = None, max(task.due, back)
+        heapq.heapify(self.tasks)
+        if running is not None:
+            self.publish(running.kind, running.arg, back)
+
+    def next_due(self) -> float | None:
+        return min((task.due for task in self.tasks), default=None)
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+class SharedEngine:
+    """One SQLAlchemy engine for every run of a process, on each run's own in-memory database.
+
+    SQLAlchemy caches compiled statements per engine: an engine per run would compile every
+    statement of the real code again in every run (most of a run's time)."""
+
+    def __init__(self) -> None:
+        self.world: World | None = None
+        self.connection: sqlite3.Connection | None = None
+        self.engine: Engine | None = None
+
+    def open(self, world: World, connection: sqlite3.Connection) -> Engine:
+        self.world, self.connection = world, connection
+        if self.engine is None:
+            self.engine = create_engine("sqlite://", creator=lambda: self.connection, poolclass=StaticPool,
+                                        hide_parameters=True)
+            event.listen(self.engine, "begin", store_db._sqlite_begin_immediate)
+            event.listen(self.engine, "begin", lambda _c: self.world and self.world._began())
+            event.listen(self.engine, "commit", lambda _c: self.world and self.world._ended())
+            event.listen(self.engine, "rollback", lambda _c: self.world and self.world._ended())
+        self.engine.dispose()  # the pool lets go of the last run's connection and takes this one
+        return self.engine
+
+
+SHARED_ENGINE = SharedEngine()
+
+
+# -- the world -------------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    name: str
+    kind: str  # "worker", "consumer", "beat", "receiver", "host"
+    context: SendContext | None = None  # the process's memory; None after a crash
+    run: greenlet | None = None
+    task: Task | None = None
+    doing: str = ""
+    at: str = ""  # the crash point where its run waits
+    down_until: float | None = None
+    points: int = 0  # crash points its run has passed
+    restarts: int = 0
+    memory_loss: int = 0  # how its last crash went: 1 the pool child died, 2 the whole worker was lost
+    crash_at: int = 0  # the point at which its run dies (0: it does not)
+
+    @property
+    def busy(self) -> bool:
+        return self.run is not None
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    at: float
+    kind: str  # "notify", "suppress", "stop_reply"
+    index: int  # the notification (or recipient) it is about
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    notifications: int = 5
+    faults: int = 5
+    workers: int = 2
+    fault_rate: float = 0.08  # the chance of a fault at a point where one may happen, while budget remains
+    opt_outs: bool = True
+    # Which faults the scheduler may inject: crashes (of these kinds of node), a task delivered
+    # twice, a faulty API call, a webhook dropped or delivered twice.
+    crash_nodes: frozenset[str] = frozenset({"worker", "consumer", "beat", "receiver", "host"})
+    duplicates: bool = True
+    call_faults: bool = True
+    webhook_faults: bool = True
+    webhook_faults_free: bool = False  # webhook faults do not count against ``faults`` (every webhook may have one)
+    in_transaction_crashes: bool = True
+    lost_workers: bool = True  # a crash may lose the whole worker (its tasks back after the visibility timeout)
+    crash_per_point: bool = False  # a crash is chosen at each point (exhaustive worlds), not once per run
+    fixed_host: bool = False  # every event handed over at the start, no opt-out: no choices before the first step
+    kinds: tuple[int, ...] = ()  # the notifications' kinds (see World._request); empty: chosen by the seed
+    max_steps: int = 20_000
+    horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
+
+
+@dataclass
+class Violation:
+    invariant: str
+    detail: str
+
+
+@dataclass
+class Outcome:
+    trace: list[str]
+    choices: list[int]
+    violations: list[Violation]
+    steps: int
+    simulated_s: float
+    faults_used: int
+    settle_after_faults_s: float | None
+    ends: dict[str, int]
+    frontier: int | None = None  # a strict script's end: how many options its next choice has
+    state_key: tuple[Any, ...] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class World:
+    def __init__(self, spec: WorldSpec, choices: Choices, *, settings: Callable[[str], Settings],
+                 template: sqlite3.Connection, checks: Callable[[World], list[Violation]],
+                 as_time: Callable[[object], Any], keep_trace: bool = True) -> None:
+        self.as_time = as_time
+        self.spec = spec
+        self.choices = choices
+        self.clock = SimClock()
+        self.faults_left = spec.faults
+        self.faults_used = 0
+        self.last_fault_at = self.clock.now
+        self.trace: list[str] = []
+        self.keep_trace = keep_trace
+        self.steps = 0
+        self.open_transactions = 0
+        self.running: Node | None = None
+        self.main = greenlet.getcurrent()
+        self.workspace = SimWorkspace(self.clock.time, self._call_fault)
+        self.settings = settings(self.workspace.webhook_secret)
+        self.broker = Broker(self.settings.broker_visibility_timeout_s)
+        self.engine = self._store(template)
+        self.sessions = session_factory(self.engine)
+        self.read_delivery = delivery_reader(self.settings)
+        self.nodes = [Node(f"worker-{i + 1}", "worker") for i in range(spec.workers)]
+        self.nodes += [Node("consumer-1", "consumer"), Node("beat", "beat"), Node("receiver", "receiver"),
+                       Node("host", "host")]
+        self.next_sweep = self.clock.now + self.settings.sweep_interval_s
+        self.host_events = self._plan_host()
+        self.requests = [self._request(i) for i in range(spec.notifications)]
+        self.handed_over: set[int] = set()
+        self.webhook_copies: set[str] = set()
+        self.opted_out_at: dict[int, float] = {}  # recipient index -> when the opt-out was committed
+        self.checks = checks
+        self.violations: list[Violation] = []
+        self.memory: dict[str, Any] = {}  # what the invariants remember between steps
+        self.frontier: int | None = None  # a strict script's end: the options of the choice it does not make
+        self.state_key: tuple[Any, ...] | None = None
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _store(self, template: sqlite3.Connection) -> Engine:
+        memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        template.backup(memory)
+        self.raw = memory  # the invariants read through it, between steps (no transaction is open then)
+        return SHARED_ENGINE.open(self, memory)
+
+    def _began(self) -> None:
+        self.open_transactions += 1
+
+    def _ended(self) -> None:
+        self.open_transactions = max(self.open_transactions - 1, 0)
+
+    def _plan_host(self) -> list[HostEvent]:
+        if self.spec.fixed_host:
+            return [HostEvent(self.clock.now, "notify", index) for index in range(self.spec.notifications)]
+        events = []
+        for index in range(self.spec.notifications):
+            events.append(HostEvent(self.clock.now + self.choices.pick(20), "notify", index))
+        if self.spec.opt_outs and self.spec.notifications:
+            chosen = self.choices.pick(self.spec.notifications + 1)
+            if chosen:
+                kind = ("suppress", "stop_reply")[self.choices.pick(2)]
+                events.append(HostEvent(self.clock.now + self.choices.pick(120), kind, chosen - 1))
+        return sorted(events, key=lambda e: (e.at, e.index))
+
+    def _request(self, index: int) -> NotificationRequest:
+        # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback
+        kind = self.spec.kinds[index] if self.spec.kinds else self.choices.pick(4)
+        prefix = "+1555010" if kind == 3 else "+1555100"
+        phone = f"{prefix}{index:04d}"
+        event_id = f"ev-{index}"
+        body: dict[str, Any] = {
+            "event_id": event_id, "contact": {"identifier": f"patient-{index}", "phone_number": phone, "name": "Patient"},
+            "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
+        }
+        if kind == 2:
+            body["route"] = "sms"
+        else:
+            body |= {"route": "reminders", "fallback_route": "sms",
+                     "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                                  "params": {"1": "Patient", "2": "tomorrow 09:00"}}}
+        return NotificationRequest.model_validate(body)
+
+    def context(self, node: Node) -> SendContext:
+        """The node's process memory, built again after a crash (caches, limiter, breaker)."""
+        if node.context is None:
+            api = WorkspaceClient.from_settings(self.settings, transport=self.workspace)
+            settings = self.settings
+            node.context = SendContext(
+                settings=settings, api=api, sessions=self.sessions,
+                limiter=LocalLimiter(limits_of(settings), clock=self.clock.time),
+                inboxes=InboxDirectory(api.list_inboxes, clock=self.clock.time), plan=retry_plan_of(settings),
+                rng=random.Random(f"{node.name}-{node.restarts}"),  # backoff jitter: fixed per process life
+                clock=self.clock.utc, sleep=self._no_sleep, enqueuer=self.enqueuer,
+                breaker=LocalBreaker(BreakerPlan(base_s=settings.breaker_base_s,
+                                                 cap_s=max(settings.breaker_cap_s, settings.breaker_base_s)),
+                                     clock=self.clock.time, rng=random.Random(3)))
+        return node.context
+
+    def _no_sleep(self, seconds: float) -> None:
+        """A limiter's short wait: simulated time moves for everyone (nobody sleeps for real)."""
+        self.clock.advance_to(self.clock.now + seconds)
+
+    # -- the enqueuer the real code publishes through -----------------------------------------
+    @property
+    def enqueuer(self) -> World:
+        return self
+
+    def enqueue_send(self, notification_ids: Any) -> list[int]:
+        ids = list(notification_ids)
+        for nid in ids:
+            self.broker.publish(SEND, nid, self.clock.now)
+        return ids
+
+    def enqueue_outcome(self, delivery_row_id: int) -> None:
+        self.broker.publish(OUTCOME, delivery_row_id, self.clock.now)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def _fault(self, options: int, probability: float | None = None, *, free: bool = False) -> int:
+        if self.faults_left <= 0 and not free:
+            return 0
+        value = self.choices.chance(self.spec.fault_rate if probability is None else probability, options)
+        if value and not free:
+            self.faults_left -= 1
+            self.faults_used += 1
+            self.last_fault_at = self.clock.now
+        return value
+
+    def _call_fault(self, operation: str) -> int:
+        value = self._fault(len(CALL_FAULTS)) if self.spec.call_faults else 0
+        node = self.running
+        if (operation.endswith("/messages") and operation.startswith("POST") and CALL_FAULTS[value] != "connect error"
+                and node is not None and node.task is not None and node.task.kind == SEND):
+            route = ROUTE_OF_INBOX.get(self.workspace.inbox_of_path(operation))
+            calls = self.memory.setdefault("create_calls", {})
+            calls[(node.task.arg, route)] = calls.get((node.task.arg, route), 0) + 1
+        self.note(f"{self.running.name if self.running else '?'} {operation}"
+                  + (f" -> fault {CALL_FAULTS[value]}" if value else ""))
+        return value
+
+    def crash_point(self, site: str, in_transaction: bool) -> None:
+        node = self.running
+        if node is None:
+            return
+        if in_transaction or self.open_transactions:
+            may_crash = self.spec.in_transaction_crashes and node.kind in self.spec.crash_nodes
+            if may_crash and self._fault(2, self.spec.fault_rate / IN_TRANSACTION_RARITY):
+                node.memory_loss = 1 + self.choices.pick(2)
+                self.note(f"crash {node.name} ({'child' if node.memory_loss == 1 else 'worker'}) "
+                          f"{site} during {node.doing}")
+                raise SimCrash(site)
+            return
+        node.at = site
+        verdict = self.main.switch()
+        if verdict == "crash":
+            raise SimCrash(site)
+
+    def note(self, line: str) -> None:
+        if self.keep_trace:
+            self.trace.append(f"{self.clock.now - self.trace_start:9.2f}s {line}")
+
+    # -- the scheduler --------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        self.trace_start = self.clock.now
+        previous = faults.install(self.crash_point)
+        try:
+            with simulated_time(self.clock):
+                try:
+                    self._loop()
+                except OutOfChoices as stop:  # a strict script ran out: the explorer branches here
+                    self.frontier, self.state_key = stop.options, self.key()
+        finally:
+            faults.install(previous)
+            for node in self.nodes:
+                if node.run is not None and not node.run.dead:
+                    node.run.throw(greenlet.GreenletExit)
+            self.engine.dispose()
+            self.raw.close()
+        settle = self.memory.get("all_ended_at")
+        return Outcome(self.trace, self.choices.made, self.violations, self.steps, self.clock.now - self.trace_start,
+                       self.faults_used, None if settle is None else max(settle - self.last_fault_at, 0.0),
+                       self.memory.get("ends", {}), self.frontier, self.state_key)
+
+    def _loop(self) -> None:
+        self.violations.extend(self.checks(self))
+        while not self.violations:
+            if self._finished():
+                return
+            actions = self._enabled()
+            if not actions:
+                if not self._advance():
+                    return
+                continue
+            self.steps += 1
+            if self.steps > self.spec.max_steps or self.clock.now - self.trace_start > self.spec.horizon_s:
+                self.violations.append(Violation("liveness", f"not settled after {self.steps} steps and "
+                                                 f"{self.clock.now - self.trace_start:.0f} s of simulated time"))
+                return
+            label, action = actions[self.choices.pick(len(actions))]
+            action()
+            self.violations.extend(self.checks(self))
+
+    def _finished(self) -> bool:
+        return (self.memory.get("all_ended_at") is not None and not self.broker.tasks
+                and not any(node.busy for node in self.nodes) and not self.workspace.pending_deliveries()
+                and self.workspace.loop.next_due() is None and len(self.handed_over) == len(self.requests))
+
+    def _enabled(self) -> list[tuple[str, Callable[[], None]]]:
+        now = self.clock.now
+        actions: list[tuple[str, Callable[[], None]]] = []
+        for node in self.nodes:
+            if node.down_until is not None:
+                if node.down_until <= now:
+                    actions.append((f"restart {node.name}", lambda node=node: self._restart(node)))
+                continue
+            if node.busy:
+                actions.append((f"step {node.name}", lambda node=node: self._resume(node)))
+                continue
+            if node.kind in ("worker", "consumer"):
+                task = self.broker.ready(SEND if node.kind == "worker" else OUTCOME, node.name, now)
+                if task is not None:
+                    actions.append((f"{node.name} takes {task}", lambda node=node, task=task: self._take(node, task)))
+            elif node.kind == "beat" and self.next_sweep <= now:
+                actions.append(("beat sweeps", lambda node=node: self._start(node, "sweeps", self._sweeps)))
+            elif node.kind == "receiver" and self.workspace.pending_deliveries():
+                actions.append(("webhook", lambda node=node: self._deliver(node)))
+            elif node.kind == "host" and self.host_events and self.host_events[0].at <= now:
+                actions.append(("host", lambda node=node: self._host(node)))
+        if self.workspace.loop.next_due() is not None and self.workspace.loop.next_due() <= now:  # type: ignore[operator]
+            actions.append(("workspace timers", self.workspace.loop.run_due))
+        return actions
+
+    def _advance(self) -> bool:
+        """Nothing can happen now: move time to the next thing due. False when nothing ever will."""
+        idle_world = self.memory.get("all_ended_at") is not None
+        candidates = [self.broker.next_due(), self.workspace.loop.next_due(),
+                      self.host_events[0].at if self.host_events else None]
+        candidates += [node.down_until for node in self.nodes if node.down_until is not None]
+        if not idle_world:  # once every notification has ended, beat's idle ticks are skipped
+            candidates.append(self.next_sweep)
+        due = min((c for c in candidates if c is not None and c > self.clock.now), default=None)
+        if due is None:  # whatever is due now waits for a node that is busy or down: nothing ever frees it
+            return False
+        self.clock.advance_to(due)
+        if idle_world and self.next_sweep < self.clock.now:
+            self.next_sweep = self.clock.now
+        return True
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _start(self, node: Node, doing: str, work: Callable[[Node], None], task: Task | None = None) -> None:
+        node.doing, node.task, node.at, node.points = doing, task, "", 0
+        # A run may die at one of its points, chosen now (one of the first CRASH_POINTS_PER_RUN),
+        # so crashes land anywhere in a run, not mostly at its first point.
+        may_crash = node.kind in self.spec.crash_nodes and not self.spec.crash_per_point
+        node.crash_at = self._fault(CRASH_POINTS_PER_RUN + 1) if may_crash else 0
+
+        def body() -> str:
+            try:
+                work(node)
+            except SimCrash:
+                return "crashed"
+            return "done"
+
+        node.run = greenlet(body, parent=self.main)
+        self._switch(node, None)
+
+    def _resume(self, node: Node) -> None:
+        node.points += 1
+        crash = 0
+        if node.crash_at and node.points >= node.crash_at:  # the point this run was chosen to die at
+            crash = 1 + self.choices.pick(2 if self.spec.lost_workers else 1)  # 1: the pool child dies, 2: the worker is lost
+        elif self.spec.crash_per_point and node.kind in self.spec.crash_nodes:
+            crash = self._fault(3 if self.spec.lost_workers else 2)
+        if crash:
+            self.note(f"crash {node.name} ({'child' if crash == 1 else 'worker'}) at {node.at} during {node.doing}")
+            node.memory_loss = crash
+            self._switch(node, "crash")
+        else:
+            self._switch(node, "go")
+
+    def _switch(self, node: Node, verdict: str | None) -> None:
+        self.running = node
+        try:
+            result = node.run.switch(verdict) if verdict is not None else node.run.switch()  # type: ignore[union-attr]
+        finally:
+            self.running = None
+        if node.run is not None and node.run.dead:
+            node.run = None
+            if result == "crashed":
+                self._crashed(node)
+            else:
+                node.task, node.doing, node.at = None, "", ""
+
+    def _crashed(self, node: Node) -> None:
+        whole = node.memory_loss == 2 or node.kind not in ("worker", "consumer")
+        if node.task is not None:
+            if whole:
+                self.broker.worker_lost(node.name, node.task, self.clock.now)
+                self.note(f"broker: {node.task} comes back after the visibility timeout")
+            else:
+                self.broker.publish(node.task.kind, node.task.arg, self.clock.now)
+                self.note(f"broker: {node.task} requeued (worker lost its child)")
+        elif whole:
+            self.broker.worker_lost(node.name, None, self.clock.now)
+        node.task, node.doing, node.at, node.context = None, "", "", None
+        node.down_until = self.clock.now + (1.0 if not whole else 10.0)
+
+    def _restart(self, node: Node) -> None:
+        node.down_until, node.restarts = None, node.restarts + 1
+        self.note(f"restart {node.name}")
+
+    def _take(self, node: Node, task: Task) -> None:
+        self.broker.take(task)
+        if self.spec.duplicates and self._fault(2):  # the broker hands the same task out twice (a redelivery or a twin)
+            self.broker.publish(task.kind, task.arg, self.clock.now)
+            self.note(f"broker: {task} delivered twice")
+        self.note(f"{node.name} runs {task}")
+        work = self._send if task.kind == SEND else self._outcome
+        self._start(node, str(task), lambda node: work(node, task), task)
+
+    def _send(self, node: Node, task: Task) -> None:
+        ctx = self.context(node)
+        result = send_notification(task.arg, ctx)
+        countdown = schedule_next_run(task.arg, result, ctx)
+        self.note(f"{node.name} {task}: {result.outcome.value}{f' ({result.reason})' if result.reason else ''}")
+        if countdown is not None:
+            self.broker.publish(SEND, task.arg, self.clock.now + countdown, holder=node.name)
+
+    def _outcome(self, node: Node, task: Task) -> None:
+        ctx = self.context(node)
+        try:
+            outcome = process_delivery(task.arg, ctx, self)
+        except Wait as wait:
+            self.broker.publish(OUTCOME, task.arg, self.clock.now + max(wait.delay_s, 0.05), holder=node.name)
+            return
+        except Exception as error:  # as Celery: logged, the task ends; the tracking sweep republishes the row
+            self.note(f"{node.name} {task}: error {type(error).__name__}")
+            return
+        self.note(f"{node.name} {task}: {outcome}")
+
+    def _sweeps(self, node: Node) -> None:
+        self.next_sweep = self.clock.now + self.settings.sweep_interval_s
+        ctx = self.context(node)
+        run_sweep(sessions=self.sessions, enqueuer=self, stale_after_s=self.settings.stale_after_s,
+                  clock=self.clock.utc, budget_s=0.8 * self.settings.sweep_interval_s)
+        tracking_sweep(ctx, self, self.enqueue_outcome)
+
+    def _deliver(self, node: Node) -> None:
+        pending = self.workspace.pending_deliveries()
+        index = self.choices.pick(min(len(pending), 2))  # the next, or the one after it (reordered)
+        delivery = self.workspace.take_delivery(index)
+        copy = delivery.delivery_id in self.webhook_copies
+        may_fault = self.spec.webhook_faults and not copy  # a copy made by a fault gets no fault of its own
+        fault = self._fault(3, free=self.spec.webhook_faults_free) if may_fault else 0  # 1: dropped, 2: twice
+        if fault == 1:
+            self.note(f"webhook dropped: {self.workspace.describe(delivery)}")
+            return
+        if fault == 2:
+            self.webhook_copies.add(delivery.delivery_id)
+            self.workspace.sandbox.webhooks._queue._queue.append(delivery)  # type: ignore[attr-defined]
+        self.note(f"webhook {self.workspace.describe(delivery)}{' (twice)' if fault == 2 else ''}")
+        headers = self.workspace.signed_headers(delivery)
+
+        def receive(node: Node) -> None:
+            recorded = self.read_delivery(headers, delivery.body, self.clock.now)
+            (row_id,) = record_deliveries(self.sessions, [recorded])
+            if row_id is not None:
+                self.enqueue_outcome(row_id)
+
+        self._start(node, "webhook", receive)
+
+    def _host(self, node: Node) -> None:
+        host_event = self.host_events.pop(0)
+
+        def act(node: Node) -> None:
+            try:
+                self._host_act(host_event)
+            except SimCrash:
+                self.host_events.insert(0, HostEvent(self.clock.now + 5.0, host_event.kind, host_event.index))
+                raise  # the host hands the same event over again after its own restart
+
+        self._start(node, host_event.kind, act)
+
+    def _host_act(self, host_event: HostEvent) -> None:
+        request = self.requests[host_event.index]
+        if host_event.kind == "notify":
+            record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
+            self.handed_over.add(host_event.index)
+            self.note(f"host handed over ev-{host_event.index} ({record.state})")
+        elif host_event.kind == "suppress":
+            Recipients(self.sessions, self.settings).suppress({"phone_number": request.contact.phone_number})
+            self.opted_out_at.setdefault(host_event.index, self.clock.now)
+            self.note(f"host suppressed the recipient of ev-{host_event.index}")
+        else:
+            self._stop_reply(host_event.index)
+
+    def _stop_reply(self, index: int) -> None:
+        """The recipient answers STOP in its SMS conversation (when it has one; else the host suppresses)."""
+        phone = self.requests[index].contact.phone_number
+        store = self.workspace.sandbox.store
+        for conversation in store.conversations.values():
+            contact = store.contacts.get(conversation.contact_id)
+            if contact is not None and contact.phone_number == phone and store.inboxes[conversation.inbox_id].id == 2:
+                self.workspace.customer_replies(conversation.display_id, "STOP")
+                self.memory.setdefault("stop_replies", {})[index] = self.clock.now
+                self.note(f"recipient of ev-{index} replies STOP")
+                return
+        Recipients(self.sessions, self.settings).suppress({"phone_number": phone})
+        self.opted_out_at.setdefault(index, self.clock.now)
+        self.note(f"host suppressed the recipient of ev-{index} (no SMS conversation to reply in)")
+
+    def key(self) -> tuple[Any, ...]:
+        """What decides the run's future, without absolute times (times are kept relative to now, in
+        whole seconds): the explorer visits each such state once."""
+        now = self.clock.now
+
+        def rel(value: Any) -> int | None:
+            return None if value is None else round(self.as_time(value).timestamp() - now)
+
+        rows = tuple(self.raw.execute(
+            "SELECT state, fallback_decision, error_kind, current_attempt, message_id IS NULL FROM notifications ORDER BY id"))
+        attempts = tuple((n, number, state, tries, claims, message, rel(lease), rel(read)) for n, number, state, tries, claims,
+                         message, lease, read in self.raw.execute(
+            "SELECT notification_id, number, state, tries, claims, message_id IS NULL, lease_until, next_read_at "
+            "FROM attempts ORDER BY notification_id, number"))
+        deliveries = tuple(self.raw.execute("SELECT processed_at IS NULL, tries FROM webhook_deliveries ORDER BY id"))
+        broker = tuple(sorted((t.kind, t.arg, t.holder or "", round(t.due - now)) for t in self.broker.tasks))
+        nodes = tuple((n.name, str(n.task) if n.task else n.doing, n.points, n.crash_at, n.at,
+                       None if n.down_until is None else round(n.down_until - now), n.context is None) for n in self.nodes)
+        messages = tuple((m.inbox_id, m.status, m.source_id is None) for m in self.workspace.outgoing())
+        pending = tuple(self.workspace.describe(d) for d in self.workspace.pending_deliveries())
+        return (rows, attempts, deliveries, broker, nodes, messages, pending, self.faults_left, len(self.host_events),
+                round(self.next_sweep - now), self.workspace.loop.next_due() is None)
+
+    # -- reading the store, for the invariants -------------------------------------------------
+    @contextmanager
+    def store_session(self) -> Iterator[Session]:
+        with self.sessions() as session:
+            yield session
+
+    def minutes(self, seconds: float) -> timedelta:
+        return timedelta(seconds=seconds)
