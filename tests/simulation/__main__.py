@@ -5,6 +5,7 @@
     python -m tests.simulation --seed 17 --shrink            # and shrink it to the shortest failing run
     python -m tests.simulation --choices 0,3,0,1 --trace     # replay a shrunk run from its choices
     python -m tests.simulation --world large --seeds 0-99    # 100 notifications, 50 faults
+    python -m tests.simulation --world exhaustive --explore  # every schedule of a small world, each state once
 
 Exit code 0 when every run kept every promise, 1 when one did not (its seed and trace are shown).
 """
@@ -18,6 +19,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from tests.simulation.explore import explore
 from tests.simulation.runner import WORLDS, run, shrink
 
 
@@ -41,10 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--choices", help="replay a run from its comma-separated choices (as --shrink prints them)")
     parser.add_argument("--trace", action="store_true", help="print the run's steps")
     parser.add_argument("--shrink", action="store_true", help="shrink a failing run to its shortest trace")
+    parser.add_argument("--explore", action="store_true", help="explore every schedule of the world (exhaustive worlds)")
+    parser.add_argument("--depth", type=int, default=80, help="--explore: the most choices in one schedule")
+    parser.add_argument("--max-runs", type=int, default=1_000_000, help="--explore: stop after this many runs")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes for --seeds (default: every core)")
     options = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the real code logs its waits and pauses: the trace says it better
     spec = WORLDS[options.world]
+    if options.explore:
+        started = time.perf_counter()
+        report = explore(spec, depth=options.depth, max_runs=options.max_runs)
+        complete = "complete" if report.transitions < options.max_runs and not report.at_depth else "bounded"
+        print(f"{options.world}: {report.states} states, {report.transitions} transitions ({report.revisits} into a "
+              f"state already explored), {report.complete_runs} schedules run to their end, {report.at_depth} cut at "
+              f"depth {options.depth}: {complete}, in {time.perf_counter() - started:.0f} s")
+        for choices, failure in report.failures:
+            print(f"VIOLATED {failure}; replay: --world {options.world} --choices {','.join(map(str, choices))} --trace")
+        return 1 if report.failures else 0
     if options.seeds is not None:
         started = time.perf_counter()
         failed = 0

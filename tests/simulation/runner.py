@@ -76,6 +76,17 @@ WORLDS: dict[str, WorldSpec] = {
     "small": WorldSpec(),  # 5 notifications, 5 faults: the README's test command runs thousands of these
     "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
     # issue 22's loss: crashes and redeliveries of the send task spend the provider tries
+    # Exhaustive small worlds (explore.py): one SMS notification, two workers, one consumer; every
+    # webhook delivered, delivered after the next one, twice or never; with no crash, or one crash
+    # of a worker or the consumer at any of its points (its pool child: the task is requeued).
+    "exhaustive": WorldSpec(notifications=1, faults=0, opt_outs=False, fixed_host=True, kinds=(2,), call_faults=False,
+                            in_transaction_crashes=False, webhook_faults_free=True, duplicates=False,
+                            crash_per_point=True, lost_workers=False, crash_nodes=frozenset({"worker", "consumer"}),
+                            fault_rate=0.5),
+    "exhaustive-crash": WorldSpec(notifications=1, faults=1, opt_outs=False, fixed_host=True, kinds=(2,),
+                                  call_faults=False, in_transaction_crashes=False, webhook_faults_free=True,
+                                  duplicates=False, crash_per_point=True, lost_workers=False,
+                                  crash_nodes=frozenset({"worker", "consumer"}), fault_rate=0.5),
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),
 }
