@@ -76,6 +76,10 @@ WORLDS: dict[str, WorldSpec] = {
     "small": WorldSpec(),  # 5 notifications, 5 faults: the README's test command runs thousands of these
     "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
     # issue 22's loss: crashes and redeliveries of the send task spend the provider tries
+    # Two workers fighting over few notifications: twin deliveries, crashes of send workers, lost
+    # answers and refusals, so claims, leases and releases meet each other often.
+    "contention": WorldSpec(notifications=2, faults=12, fault_rate=0.3, opt_outs=False,
+                            crash_nodes=frozenset({"worker"}), webhook_faults=False),
     # Exhaustive small worlds (explore.py): one SMS notification, two workers, one consumer; every
     # webhook delivered, delivered after the next one, twice or never; with no crash, or one crash
     # of a worker or the consumer at any of its points (its pool child: the task is requeued).

@@ -39,6 +39,15 @@ def test_small_worlds_keep_every_promise(chunk: int) -> None:
         assert outcome.ends and sum(outcome.ends.values()) == 5, f"seed {seed} ended {outcome.ends}"
 
 
+def test_contended_worlds_keep_every_promise() -> None:
+    """Two notifications, two send workers, twelve faults aimed at them: twin deliveries, crashes,
+    lost answers and refusals, so claims, leases and releases meet."""
+    for seed in range(24):
+        outcome = run(WORLDS["contention"], seed=seed, keep_trace=False)
+        assert outcome.ok, f"seed {seed}: {outcome.violations[0]}; replay: {_replay('contention', seed)}"
+        assert sum(outcome.ends.values()) == 2
+
+
 def test_a_large_world_keeps_every_promise() -> None:
     """100 notifications and 50 faults in one world."""
     outcome = run(WORLDS["large"], seed=1, keep_trace=False)
@@ -103,6 +112,9 @@ def test_quick_worlds() -> None:
         outcome = run(quick, seed=seed, keep_trace=False)
         assert outcome.ok, f"seed {seed}: {outcome.violations[0]}; replay: {_replay('small', seed)}"
         assert sum(outcome.ends.values()) == 5
+    for seed in range(3):  # and three contended worlds: twin deliveries and refusals around the claims
+        outcome = run(replace(WORLDS["contention"], max_steps=3_000), seed=seed, keep_trace=False)
+        assert outcome.ok, f"contention seed {seed}: {outcome.violations[0]}"
 
 
 def test_the_command_line_runs_seeds_and_replays(capsys: pytest.CaptureFixture[str]) -> None:
