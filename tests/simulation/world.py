@@ -20,15 +20,12 @@ from __future__ import annotations
 import heapq
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from greenlet import greenlet
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from dispatcher import faults
@@ -467,7 +464,7 @@ class World:
                 self.violations.append(Violation("liveness", f"not settled after {self.steps} steps and "
                                                  f"{self.clock.now - self.trace_start:.0f} s of simulated time"))
                 return
-            label, action = actions[self.choices.pick(len(actions))]
+            _label, action = actions[self.choices.pick(len(actions))]
             action()
             self.violations.extend(self.checks(self))
 
@@ -702,12 +699,3 @@ class World:
         pending = tuple(self.workspace.describe(d) for d in self.workspace.pending_deliveries())
         return (rows, attempts, deliveries, broker, nodes, messages, pending, self.faults_left, len(self.host_events),
                 round(self.next_sweep - now), self.workspace.loop.next_due() is None)
-
-    # -- reading the store, for the invariants -------------------------------------------------
-    @contextmanager
-    def store_session(self) -> Iterator[Session]:
-        with self.sessions() as session:
-            yield session
-
-    def minutes(self, seconds: float) -> timedelta:
-        return timedelta(seconds=seconds)
