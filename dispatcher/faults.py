@@ -1,7 +1,7 @@
 """Crash points: the named places where a process may die, for the deterministic simulation.
 
 The store calls :func:`crash_point` around every commit and the API client around every request
-to the workspace. In production no hook is installed and a point costs one global read. The
+to the workspace. In production no hook is installed and a point costs a call and one global read. The
 simulation (tests/simulation/) installs a hook that may stop the process there (by raising an
 exception that no code of ours catches, so the transaction in flight is discarded and the run's
 memory is lost) or hand control to another simulated process, so that every order of steps
