@@ -17,11 +17,12 @@ Hook = Callable[[str, bool], None]
 _hook: Hook | None = None
 
 
-def crash_point(site: str, *, in_transaction: bool = False) -> None:
-    """A process may die here. ``in_transaction``: a store transaction is open (a crash there
-    discards it, and no other process may run until it ends)."""
+def crash_point(site: str, operation: str = "", *, in_transaction: bool = False) -> None:
+    """A process may die here (``site``, and the API ``operation`` when there is one: the name is
+    only put together when a hook listens). ``in_transaction``: a store transaction is open (a
+    crash there discards it, and no other process may run until it ends)."""
     if _hook is not None:
-        _hook(site, in_transaction)
+        _hook(f"{site} {operation}" if operation else site, in_transaction)
 
 
 def install(hook: Hook | None) -> Hook | None:

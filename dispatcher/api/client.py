@@ -175,11 +175,11 @@ class WorkspaceClient:
               context: Context | None = None) -> T:
         started = time.monotonic()
         response: httpx.Response | None = None
-        crash_point(f"before {operation}")
+        crash_point("before", operation)
         try:
             with map_errors(operation, context=context):
                 response = self._http.request(method, path, params=params, json=json)
-                crash_point(f"after {operation}")  # the workspace did its part; the answer is lost with us
+                crash_point("after", operation)  # the workspace did its part; the answer is lost with us
                 _log.debug("%s -> HTTP %s in %.0f ms", operation, response.status_code,
                            (time.monotonic() - started) * 1000)
                 response.raise_for_status()

@@ -125,7 +125,6 @@ class SimWorkspace(httpx.BaseTransport):
         self.sandbox = Sandbox(config)
         store = self.sandbox.store
         store.clock = clock
-        self.sandbox.channels.monotonic = clock  # type: ignore[attr-defined]
         for window in (self.sandbox.searches, self.sandbox.channels.sends, self.sandbox.channels.conversation_messages):
             window.clock = clock
         self.sandbox.webhooks.clock = clock
