@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import NotificationRequest, parse_request
+from dispatcher.operations import set_aside
 from dispatcher.recipients.controls import Recipient, Recipients
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import session_factory, shared_engine
@@ -46,6 +47,11 @@ class Dispatcher:
     def status(self, event_id: str) -> NotificationRecord:
         """The notification's record; UnknownNotification when there is none."""
         return intake.status(self.sessions, event_id)
+
+    def retry(self, event_id: str) -> NotificationRecord:
+        """Run again a notification set aside as ``crash_loop`` (its send task kept dying);
+        StateConflict when it is not set aside, UnknownNotification when there is none."""
+        return set_aside.retry(self.sessions, event_id)
 
     def suppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
                  category: str | None = None) -> int:

@@ -173,6 +173,10 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, repr=False)  # shared limiter; default: the broker when it is Redis
     api_requests_per_minute: int = Field(default=2400, gt=0)  # the service allows 3,000 per client address
     contact_searches_per_minute: int = Field(default=90, gt=0)  # the service allows 100 per account
+    # A send task that died this many times on one attempt (a crash loop: a killed worker, a bug that
+    # kills the process) is set aside as crash_loop until an operator retries it; apart from
+    # retry_max_tries, which counts only calls that reached the workspace.
+    send_max_runs: int = Field(default=20, gt=0, le=1000)
     retry_max_tries: int = Field(default=12, gt=0, le=100)
     retry_base_s: float = Field(default=1.0, gt=0)
     retry_cap_s: float = Field(default=60.0, gt=0)

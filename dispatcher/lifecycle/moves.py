@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, case, exists, func, or_, select, update
+from sqlalchemy import Row, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
@@ -106,18 +106,21 @@ def new_notification(*, send_at: datetime | None, **fields: Any) -> Notification
 
 def open_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime,
                  columns: tuple[Any, ...]) -> Row[Any]:
-    """Make the attempt (queued) or, when it exists, count one more try: one statement either way.
+    """Make the attempt (queued) or, when it exists, count one more run: one statement either way.
 
-    The try is counted before the run does anything (arq's rule), so a crash loop ends.
+    The run is counted before it does anything, so a task that keeps dying mid-run is seen
+    (``runs``, the crash guard); a run that ends without dying gives it back (:func:`end_run`).
+    Provider tries are counted apart, only for calls that reached the workspace (:func:`count_try`).
     """
     dialect_insert = insert_for(session)
     statement = (
         dialect_insert(ATTEMPTS)
         .values(notification_id=notification_id, number=number, route=route, channel=channel,
-                state=_ends_in("open_attempt", "attempt", AttemptState.QUEUED), tries=1, created_at=now, updated_at=now)
+                state=_ends_in("open_attempt", "attempt", AttemptState.QUEUED), tries=0, runs=1, created_at=now,
+                updated_at=now)
         .on_conflict_do_update(
             index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number],
-            set_={"tries": ATTEMPTS.c.tries + 1, "updated_at": now},
+            set_={"runs": ATTEMPTS.c.runs + 1, "updated_at": now},
         )
         .returning(*columns)
     )
@@ -209,14 +212,14 @@ def mark_unknown(session: Session, *, attempt_id: int, now: datetime, no_resend_
 def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: int | None, reason: str, detail: str,
                        now: datetime) -> None:
     """The workspace refused the token or could not be reached: the attempt (if the run had one)
-    goes back to queued without counting this try, and the notification shows why it waits."""
+    goes back to queued (no try was counted: the call never got an answer that could fail it),
+    and the notification shows why it waits."""
     if attempt_id is not None:
         session.execute(
             update(ATTEMPTS)
             .where(ATTEMPTS.c.id == attempt_id,
                    ATTEMPTS.c.state.in_(_starts_for("wait_for_workspace", "attempt", AttemptState.QUEUED)))
-            .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now,
-                    tries=case((ATTEMPTS.c.tries > 0, ATTEMPTS.c.tries - 1), else_=0))
+            .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now)
         )
     session.execute(
         update(NOTIFICATIONS)
@@ -225,18 +228,62 @@ def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: in
     )
 
 
-def wait_without_calling(session: Session, *, attempt_id: int, now: datetime) -> bool:
-    """A run that made no call (a limiter wait, or another worker's live lease) gives its try back:
-    waiting is not failing, and redelivered twins must not use up the tries of the one that sends.
+def count_try(session: Session, *, attempt_id: int, now: datetime, max_tries: int) -> int | None:
+    """A call of this attempt's reached the workspace and failed: one provider try. The attempt's
+    tries after it, or None when the attempt moved on (or already counts ``max_tries``)."""
+    tries: int | None = session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_kept("count_try", "attempt")),
+               ATTEMPTS.c.tries < max_tries)
+        .values(tries=ATTEMPTS.c.tries + 1, updated_at=now)
+        .returning(ATTEMPTS.c.tries)
+    ).scalar_one_or_none()
+    return tries
 
-    The caller applies the guard: past the send deadline the try stays counted, so the retry
-    limit still ends a notification that waits forever."""
+
+def end_run(session: Session, *, attempt_id: int) -> bool:
+    """The run counted by :func:`open_attempt` ended without dying: whatever it did (waited for
+    the limiter or a lease, lost a race to a twin, retries later), it is no crash."""
     return _won(session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_kept("wait_without_calling", "attempt")),
-               ATTEMPTS.c.tries > 0)
-        .values(tries=ATTEMPTS.c.tries - 1, updated_at=now)
+        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_kept("end_run", "attempt")), ATTEMPTS.c.runs > 0)
+        .values(runs=ATTEMPTS.c.runs - 1)
     ))
+
+
+CRASH_LOOP = "crash_loop"  # the error_kind of a notification set aside because its send task keeps dying
+
+
+def set_aside(session: Session, *, notification_id: int, detail: str, now: datetime) -> bool:
+    """The send task died too often on the current attempt: keep the notification as it is (its
+    attempt may be in flight; nothing is failed, nothing falls back), marked ``crash_loop`` with why,
+    so the sweep leaves it until an operator retries it (:func:`retry_set_aside`)."""
+    return _won(session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("set_aside", "notification")))
+        .values(error_kind=CRASH_LOOP, error_detail=_detail(detail), next_try_at=None, updated_at=now)
+    ))
+
+
+def retry_set_aside(session: Session, *, notification_id: int, now: datetime) -> bool:
+    """An operator retries a notification set aside: its current attempt's runs count from zero and
+    the sweep publishes it again (``enqueued_at`` cleared). False when it was not set aside."""
+    moved = session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.error_kind == CRASH_LOOP,
+               NOTIFICATIONS.c.state.in_(_kept("retry_set_aside", "notification")))
+        .values(error_kind=None, error_detail=None, enqueued_at=None, next_try_at=None, updated_at=now)
+        .returning(NOTIFICATIONS.c.current_attempt)
+    ).scalar_one_or_none()
+    if moved is None:
+        return False
+    session.execute(
+        update(ATTEMPTS)
+        .where(ATTEMPTS.c.notification_id == notification_id, ATTEMPTS.c.number == moved,
+               ATTEMPTS.c.state.in_(_kept("retry_set_aside", "attempt")))
+        .values(runs=0, updated_at=now)
+    )
+    return True
 
 
 RE_RESOLVING = "re_resolving"  # the attempt's error_kind while it looks its contact up again, once

@@ -71,8 +71,9 @@ MOVES: dict[str, Move] = {
              notification=every([NEW], [N.SCHEDULED, N.QUEUED])),
         Move("release_due", "a scheduled notification's time has come",
              notification=every([N.SCHEDULED], [N.QUEUED])),
-        Move("open_attempt", "the current attempt's first run makes its row (each run counts a try)",
-             attempt=every([NEW], [A.QUEUED])),
+        Move("open_attempt", "the current attempt's first run makes its row; every run counts one run, the crash guard "
+             "(a run that ends without dying gives it back: end_run)",
+             attempt=Side(every([NEW], [A.QUEUED]).edges | kept(A).edges)),
         Move("claim", "a worker takes the attempt for one createMessage call, under a lease",
              attempt=every([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], [A.IN_FLIGHT], "in flight only when its lease ran out; "
                            "nobody claimed it since this worker read it; the recipient has not opted out"),
@@ -92,9 +93,16 @@ MOVES: dict[str, Move] = {
         Move("wait_for_workspace", "the workspace refuses the token or cannot be reached: wait, saying why; the try is not counted",
              attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="createMessage was refused or never left"),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records why it waits")),
-        Move("wait_without_calling", "a run that made no call (our limiter said not now, or another worker's lease "
-             "still runs): the try is not counted",
-             attempt=kept([A.QUEUED, A.UNKNOWN, A.IN_FLIGHT], guard="within the send deadline")),
+        Move("count_try", "a call reached the workspace and failed (answered, refused or timed out): one provider try",
+             attempt=kept(SENDABLE_ATTEMPT_STATES, "never past retry_max_tries")),
+        Move("end_run", "a run ended without dying, whatever it did: its run is not counted as a crash",
+             attempt=kept(SENDABLE_ATTEMPT_STATES, "never below zero")),
+        Move("set_aside", "the send task died send_max_runs times on the attempt: set aside as crash_loop, visibly, "
+             "until an operator retries it; nothing is sent or decided meanwhile",
+             notification=kept(SENDABLE_NOTIFICATION_STATES, "the sweep publishes it no more")),
+        Move("retry_set_aside", "an operator retries a notification set aside: its runs count from zero again",
+             notification=kept(SENDABLE_NOTIFICATION_STATES, "only one set aside"),
+             attempt=kept(SENDABLE_ATTEMPT_STATES)),
         Move("re_resolve", "the workspace no longer has the stored contact or conversation (404): forget them, try once more",
              attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="once per attempt; nothing was sent")),
         Move("fail_attempt", "the attempt ends without a message (refused, not contactable, tries used up)",

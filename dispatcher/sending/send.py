@@ -60,6 +60,8 @@ from dispatcher.tracking import outcomes as tracking
 
 log = logging.getLogger(__name__)
 
+TRIES_EXHAUSTED = "tries_exhausted"
+
 
 class Outcome(StrEnum):
     ACCEPTED = "accepted"  # createMessage answered: the message exists
@@ -67,6 +69,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # the attempt ended without a message
     SKIPPED = "skipped"  # nothing to do (already done, not due, or another worker holds it)
     RETRY = "retry"  # try again after delay_s
+    SET_ASIDE = "set_aside"  # the task kept dying on this attempt: kept, marked crash_loop, for an operator
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class _Job:
     attempt_state: AttemptState
     route_name: str
     route: Route
-    tries: int
+    tries: int  # provider tries so far: calls of this attempt's that reached the workspace and failed
     payload: SendPayload | None  # None: gone, or unreadable (the run fails the attempt)
     drops_payload_on_acceptance: bool
     lease_active_s: float
@@ -161,20 +164,54 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
+    result = _run_job(job, gate, ctx)
+    if result.outcome in (Outcome.RETRY, Outcome.SKIPPED):
+        _end_run(job, ctx)
+    return result
+
+
+def _run_job(job: _Job, gate: object, ctx: SendContext) -> SendResult:
     try:
         result = _send(job, ctx)
     except Wait as wait:
-        _give_back_try(job, ctx)
-        return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
+        return _waited(wait, job, ctx)
     except NotContactable as error:
         return _fail(job, ctx, "not_contactable", str(error))
     except InvalidEvent as error:
         return _fail(job, ctx, "invalid_for_channel", str(error))
     except ApiError as error:  # a step before createMessage: nothing was sent by this try
-        return _forgotten(error, job, ctx) or _apply(decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng), job, ctx)
+        return _forgotten(error, job, ctx) or _apply(_decide(error, job, ctx), job, ctx)
     if isinstance(gate, Probe) and not result.paused:
         _breaker_closed(ctx)
     return result
+
+
+def _end_run(job: _Job, ctx: SendContext) -> None:
+    """The run ends without dying (it waits, retries later, or found nothing to do): it is not
+    counted as a crash. Only runs that never get here (a killed process, a bug that kills it)
+    stay counted, toward ``send_max_runs``."""
+    with ctx.sessions.begin() as session:
+        moves.end_run(session, attempt_id=job.attempt_id)
+
+
+def _decide(error: ApiError, job: _Job, ctx: SendContext) -> Decision:
+    """The retry policy's decision after a call of this run's failed. A call that reached the
+    workspace (answered, refused, timed out) spends one provider try, counted before the decision
+    is applied; a refused token or no connection pauses every worker and spends none."""
+    decision = decide(error, tries=job.tries + 1, plan=ctx.plan, rng=ctx.rng)
+    if decision.kind is not DecisionKind.PAUSE_WORKSPACE:
+        with ctx.sessions.begin() as session:
+            moves.count_try(session, attempt_id=job.attempt_id, now=ctx.clock(), max_tries=ctx.plan.max_tries)
+    return decision
+
+
+def _waited(wait: Wait, job: _Job, ctx: SendContext) -> SendResult:
+    """No call was made (our limiter said not now, or another worker is making the conversation):
+    no try is spent. Past the send deadline the notification stops waiting and fails, saying so,
+    so a wait that never ends cannot keep it open."""
+    if _past_send_deadline(job, ctx):
+        return _fail(job, ctx, "send_deadline", f"past the send deadline, still waiting: {wait.reason}")
+    return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
 
 
 def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int | None, ctx: SendContext) -> SendResult:
@@ -186,18 +223,6 @@ def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int |
                     pause.reason, max(pause.until - time.time(), 0.0))
         metrics.WORKSPACE_PAUSES.labels(reason=pause.reason).inc()
     return _wait_for_workspace(notification_id, attempt_id, pause, ctx)
-
-
-def _give_back_try(job: _Job, ctx: SendContext) -> None:
-    """A run that made no call (a limiter wait, or another worker's live lease) does not count as
-    one of the attempt's tries: under a burst of 429s (every worker paused), or with twins of a task
-    redelivered while one of them sends, the tries would otherwise run out without a single answer.
-    Past the send deadline the try stays counted, so the retry limit still ends a notification
-    that never gets a slot."""
-    if _past_send_deadline(job, ctx):
-        return
-    with ctx.sessions.begin() as session:
-        moves.wait_without_calling(session, attempt_id=job.attempt_id, now=ctx.clock())
 
 
 def _breaker_closed(ctx: SendContext) -> None:
@@ -263,6 +288,8 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         )
         if attempt.state not in SENDABLE_ATTEMPT_STATES:
             return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
+        if attempt.runs > ctx.settings.send_max_runs:
+            return _set_aside(session, notification.id, number, attempt.runs - 1, now=now)
         payload, unreadable = _payload_of(notification.body)
         job = _Job(
             notification_id=notification.id,
@@ -292,7 +319,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             # The warm path's claim refuses a recipient who said no in its own statement; any
             # other queued attempt is asked here, before any call (an in-flight or unknown one is
             # looked for first, in _send).
-            if job.tries <= ctx.plan.max_tries:
+            if job.tries < ctx.plan.max_tries:
                 job = _start_if_known(session, job, ctx, now=now)
             if job.started is None and (blocked := _recipient_said_no(session, job, ctx, now=now)):
                 return blocked
@@ -303,6 +330,17 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
     if payload is None:
         return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
     return job
+
+
+def _set_aside(session: Session, notification_id: int, number: int, died: int, *, now: datetime) -> SendResult:
+    """The send task died ``died`` times on this attempt (killed mid-run, or a bug that kills its
+    process): stop running it. The notification keeps its state and its attempt (which may be in
+    flight: the next run looks for its message first), shows ``crash_loop`` with why, and waits
+    for an operator's ``dispatcher retry``. Not a provider failure: no fallback, no tries spent."""
+    detail = f"the send task died {died} times on attempt {number}; set aside until `dispatcher retry`"
+    moves.set_aside(session, notification_id=notification_id, detail=detail, now=now)
+    log.error("notification %s set aside: %s: %s", notification_id, moves.CRASH_LOOP, detail)
+    return SendResult(Outcome.SET_ASIDE, f"{moves.CRASH_LOOP}: {detail}")
 
 
 def _payload_of(stored: dict[str, Any] | None) -> tuple[SendPayload | None, bool]:
@@ -404,7 +442,6 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     if job.started is not None and job.body is not None:
         return _create_message(job, ctx, job.started.conversation_id, job.body)
     if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
-        _give_back_try(job, ctx)
         return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
     if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
         try:
@@ -415,8 +452,8 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
             return adopted
         if job.no_resend:
             return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
-    if job.tries > ctx.plan.max_tries:
-        return _fail(job, ctx, "tries_exhausted", f"{job.tries - 1} tries used")
+    if job.tries >= ctx.plan.max_tries:
+        return _fail(job, ctx, TRIES_EXHAUSTED, f"{job.tries} tries used")
     if job.attempt_state is not AttemptState.QUEUED:  # a queued one was asked in _load
         with ctx.sessions.begin() as session:  # before any lookup: no contact is made for a person who said no
             if (blocked := _recipient_said_no(session, job, ctx, now=ctx.clock())) is not None:
@@ -497,17 +534,17 @@ def _look_again_later(error: ApiError, job: _Job, ctx: SendContext) -> SendResul
     Neither the try count nor the fallback may end the attempt now: either could bring the person a
     second message. The look is tried again, backing off, until the send deadline; the attempt ends
     ``outcome_unknown`` (never falling back) past it, or at once when the conversation is gone (404)."""
-    decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
+    decision = _decide(error, job, ctx)  # a failed read that reached the workspace is a try too, for the backoff
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
         # The attempt is left as it is (not queued again), so the first run after the pause looks first.
         return _pause_workspace(decision, job.notification_id, None, ctx)
     gone = isinstance(error, NotFound)
     if gone or _past_send_deadline(job, ctx):
         why = "its conversation is gone" if gone else "the workspace could not be read by the send deadline"
-        return _fail(job, ctx, OUTCOME_UNKNOWN, f"an earlier try may have sent it and {why}; not sent again")
+        return _fail(job, ctx, OUTCOME_UNKNOWN, f"an earlier try may have sent it and {why}; not sent again", looked=True)
     if decision.pause_s > 0:
         ctx.limiter.pause(decision.pause_s)
-    delay_s = decision.delay_s or backoff_s(job.tries - 1, base_s=ctx.plan.base_s, cap_s=ctx.plan.cap_s, rng=ctx.rng)
+    delay_s = decision.delay_s or backoff_s(job.tries, base_s=ctx.plan.base_s, cap_s=ctx.plan.cap_s, rng=ctx.rng)
     log.info("attempt %s: looking for an earlier try's message failed (%s); looking again", job.attempt_id,
              decision.error_kind)
     return SendResult(Outcome.RETRY, f"looking for an earlier try's message: {decision.reason}", delay_s=delay_s)
@@ -543,7 +580,7 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
 
 
 def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:
-    decision = decide(error, tries=job.tries, plan=ctx.plan, rng=ctx.rng)
+    decision = _decide(error, job, ctx)
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:  # refused or never connected: nothing was sent
         return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
     if error.ambiguous:
@@ -596,9 +633,20 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
     return SendResult(outcome, message_id=message.id)
 
 
-def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str) -> SendResult:
+def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str, *, looked: bool = False) -> SendResult:
     """End the attempt as failed with the error recorded; the first attempt's failure then gets
-    the single fallback decision, the fallback's ends the notification."""
+    the single fallback decision, the fallback's ends the notification.
+
+    Out of tries, an attempt that an earlier run claimed looks first (one read, as after an
+    ambiguous write): that run's message may exist (it died before recording it), and a fallback
+    is for a message that does not exist or failed, never for one that may be delivered."""
+    if error_kind == TRIES_EXHAUSTED and not looked:
+        try:
+            adopted = _recover(job, ctx)
+        except ApiError as error:
+            return _look_again_later(error, job, ctx)
+        if adopted is not None:
+            return adopted
     with ctx.sessions.begin() as session:
         moved = moves.fail_attempt(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
                                    error_kind=error_kind, detail=detail, now=ctx.clock())

@@ -120,7 +120,9 @@ class Attempt(Base):
     conversation_id: Mapped[int | None] = mapped_column(BigInteger)
     message_id: Mapped[int | None] = mapped_column(BigInteger, unique=True)
     content_hash: Mapped[str | None] = mapped_column(String(64))  # to recognise our message; cleared on acceptance
-    tries: Mapped[int] = mapped_column(Integer, default=0)  # counted when a send starts, so crash loops end
+    tries: Mapped[int] = mapped_column(Integer, default=0)  # calls that reached the workspace and failed
+    # Runs of the send task that started and never finished (crashes): the crash guard, apart from tries.
+    runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Claims for a createMessage call so far: a claim is a compare-and-set on the count its worker read.
     claims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -68,7 +68,7 @@ _LOAD_FOR_SEND = (
 )
 _ATTEMPT_COLUMNS = (
     ATTEMPTS.c.id, ATTEMPTS.c.state, ATTEMPTS.c.tries, ATTEMPTS.c.lease_until, ATTEMPTS.c.conversation_id,
-    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind, ATTEMPTS.c.claims,
+    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind, ATTEMPTS.c.claims, ATTEMPTS.c.runs,
 )
 
 
@@ -201,6 +201,8 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
             or_(
                 (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
                 (Notification.state.in_(SENDABLE_NOTIFICATION_STATES))
+                # set aside (its send task kept dying): an operator's retry publishes it again
+                & or_(Notification.error_kind.is_(None), Notification.error_kind != moves.CRASH_LOOP)
                 & or_(
                     Notification.enqueued_at.is_(None),
                     (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),

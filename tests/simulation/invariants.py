@@ -10,7 +10,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``tries_bounded``: an attempt never counts more than ``retry_max_tries`` tries, and makes no more
   createMessage calls than that.
 * ``tries_spent_on_calls``: an attempt that ends ``tries_exhausted`` made at least
-  ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none).
+  ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none): the
+  notification's send tasks, all calls counted, refused connections not.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
 * ``ended_with_reason``: a failed notification says why (error_kind).
 
@@ -111,17 +112,17 @@ def check(world: World) -> list[Violation]:
         if n.state == NotificationState.FAILED and not n.error_kind:
             found.append(Violation("ended_with_reason", f"{n.event_id} failed without an error_kind"))
     max_tries = world.settings.retry_max_tries
-    calls = memory.get("create_calls", {})
+    calls = memory.get("send_calls", {})
     for a in attempts:
         _forward(found, states, "attempt", ("a", a.notification_id, a.number), a.state)
         if a.tries > max_tries:
             found.append(Violation("tries_bounded", f"{event_of.get(a.notification_id)} attempt {a.number} "
                                    f"counted {a.tries} tries (limit {max_tries})"))
         if a.state == AttemptState.FAILED and a.error_kind == "tries_exhausted":
-            reached = calls.get((a.notification_id, a.route), 0)
+            reached = calls.get(a.notification_id, 0)
             if reached < max_tries:
                 found.append(Violation("tries_spent_on_calls", f"{event_of.get(a.notification_id)} attempt {a.number} "
-                                       f"ended tries_exhausted after {reached} createMessage calls reached the "
+                                       f"ended tries_exhausted after {reached} calls of its send tasks reached the "
                                        f"workspace ({a.tries} tries counted)"))
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     if len(world.handed_over) == len(world.requests) and notifications and all(n.state in ENDED for n in notifications):

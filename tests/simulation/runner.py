@@ -75,7 +75,6 @@ def shrink(spec: WorldSpec, choices: list[int], fails: Callable[[Outcome], bool]
 WORLDS: dict[str, WorldSpec] = {
     "small": WorldSpec(),  # 5 notifications, 5 faults: the README's test command runs thousands of these
     "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
-    # issue 22's loss: crashes and redeliveries of the send task spend the provider tries
     # Two workers fighting over few notifications: twin deliveries, crashes of send workers, lost
     # answers and refusals, so claims, leases and releases meet each other often.
     "contention": WorldSpec(notifications=2, faults=12, fault_rate=0.3, opt_outs=False,
@@ -91,6 +90,7 @@ WORLDS: dict[str, WorldSpec] = {
                                   call_faults=False, in_transaction_crashes=False, webhook_faults_free=True,
                                   duplicates=False, crash_per_point=True, lost_workers=False,
                                   crash_nodes=frozenset({"worker", "consumer"}), fault_rate=0.5),
+    # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),
 }

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -178,14 +177,6 @@ class SimWorkspace(httpx.BaseTransport):
         start = sent[0]
         answer_headers = [(k.decode(), v.decode()) for k, v in start.get("headers", [])]
         return start["status"], answer_headers, b"".join(m.get("body", b"") for m in sent[1:])
-
-    def inbox_of_path(self, operation: str) -> int | None:
-        """The inbox of ``POST /conversations/{display_id}/messages`` (None if there is no such conversation)."""
-        match = re.search(r"/conversations/(\d+)/", operation)
-        if match is None:
-            return None
-        conversation = self.sandbox.store._conversation_by_display.get((1, int(match.group(1))))
-        return conversation.inbox_id if conversation is not None else None
 
     # -- webhooks: deliveries wait here until the scheduler hands them over -----------------
     def pending_deliveries(self) -> list[Delivery]:

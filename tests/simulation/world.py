@@ -49,7 +49,6 @@ from tests.simulation.clock import SimClock, simulated_time
 from tests.simulation.workspace import CALL_FAULTS, SimWorkspace
 
 SEND, OUTCOME = "send", "outcome"
-ROUTE_OF_INBOX = {1: "reminders", 2: "sms"}
 CRASH_POINTS_PER_RUN = 10
 IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
 
@@ -397,11 +396,10 @@ class World:
     def _call_fault(self, operation: str) -> int:
         value = self._fault(len(CALL_FAULTS)) if self.spec.call_faults else 0
         node = self.running
-        if (operation.endswith("/messages") and operation.startswith("POST") and CALL_FAULTS[value] != "connect error"
-                and node is not None and node.task is not None and node.task.kind == SEND):
-            route = ROUTE_OF_INBOX.get(self.workspace.inbox_of_path(operation))
-            calls = self.memory.setdefault("create_calls", {})
-            calls[(node.task.arg, route)] = calls.get((node.task.arg, route), 0) + 1
+        if CALL_FAULTS[value] != "connect error" and node is not None and node.task is not None and node.task.kind == SEND:
+            # every call a send task made that reached the workspace: the most provider tries it may count
+            calls = self.memory.setdefault("send_calls", {})
+            calls[node.task.arg] = calls.get(node.task.arg, 0) + 1
         self.note(f"{self.running.name if self.running else '?'} {operation}"
                   + (f" -> fault {CALL_FAULTS[value]}" if value else ""))
         return value

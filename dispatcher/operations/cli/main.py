@@ -18,7 +18,13 @@ from dispatcher.operations.cli.config_commands import config_group, inboxes_comm
 from dispatcher.operations.cli.delivery_commands import deliveries_group
 from dispatcher.operations.cli.demo_command import demo_command
 from dispatcher.operations.cli.flower_command import flower_command
-from dispatcher.operations.cli.notification_commands import db_group, list_command, notify_command, status_command
+from dispatcher.operations.cli.notification_commands import (
+    db_group,
+    list_command,
+    notify_command,
+    retry_command,
+    status_command,
+)
 from dispatcher.operations.cli.process_commands import beat_command, consumer_command, sandbox_command, worker_command
 from dispatcher.operations.cli.suppression_commands import suppressions_group
 from dispatcher.operations.cli.webhook_commands import receiver_command, webhooks_group
@@ -63,7 +69,7 @@ cli.add_command(demo_command)
 cli.add_command(sandbox_command)
 cli.add_command(config_group)
 cli.add_command(inboxes_command)
-for command in (notify_command, status_command, list_command, db_group, worker_command, consumer_command, beat_command,
+for command in (notify_command, status_command, retry_command, list_command, db_group, worker_command, consumer_command, beat_command,
                 receiver_command, webhooks_group, deliveries_group, suppressions_group, flower_command):
     cli.add_command(command)
 

@@ -1,4 +1,4 @@
-"""``dispatcher notify``, ``status``, ``list`` and ``db upgrade``: the store from the command line."""
+"""``dispatcher notify``, ``status``, ``retry``, ``list`` and ``db upgrade``: the store from the command line."""
 
 from __future__ import annotations
 
@@ -72,6 +72,24 @@ def _print_record(record: NotificationRecord) -> None:
             f" message={attempt.message_id or '-'} tries={attempt.tries}"
             + (f" error={attempt.error_kind}" if attempt.error_kind else "")
         )
+
+
+@click.command("retry")
+@click.argument("event_id")
+def retry_command(event_id: str) -> None:
+    """Run again a notification set aside as crash_loop (its send task kept dying).
+
+    Fix the cause first (the worker's log says why it died). The next run looks for a message
+    the dying runs may have sent before it sends anything. Exit code 2 when the notification is
+    not set aside or does not exist.
+
+    \b
+    Examples:
+      dispatcher list --state sending
+      dispatcher retry appt-42
+    """
+    record = _dispatcher().retry(event_id)
+    click.echo(f"{record.event_id}: retried; the sweep hands it to a worker within seconds")
 
 
 @click.command("list")

@@ -12,12 +12,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
+from dispatcher.store import queries as store
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification
@@ -84,11 +85,13 @@ def test_create_and_open_attempt(sessions: sessionmaker[Session]) -> None:
     assert moves.new_notification(send_at=NOW, event_id="y").state == N.SCHEDULED
     notification_id, _ = put(sessions, N.QUEUED)
     with sessions.begin() as session:
+        columns = (Attempt.__table__.c.tries, Attempt.__table__.c.runs)
         first = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
-                                   channel="messaging_platform", now=NOW, columns=(Attempt.__table__.c.tries,))
+                                   channel="messaging_platform", now=NOW, columns=columns)
         again = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
-                                   channel="messaging_platform", now=NOW, columns=(Attempt.__table__.c.tries,))
-    assert (first.tries, again.tries) == (1, 2)
+                                   channel="messaging_platform", now=NOW, columns=columns)
+    # each run counts a run (the crash guard), never a provider try
+    assert (first.runs, again.runs, first.tries, again.tries) == (1, 2, 0, 0)
     assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
 
 
@@ -160,28 +163,58 @@ def test_release_and_mark_unknown_only_from_in_flight(sessions: sessionmaker[Ses
     assert states(sessions, other) == (N.SENDING, [A.QUEUED])
 
 
-def _tries(sessions: sessionmaker[Session], attempt_id: int) -> int:
+def _counts(sessions: sessionmaker[Session], attempt_id: int) -> tuple[int, int]:
     with sessions() as session:
         found = session.get(Attempt, attempt_id)
         assert found is not None
-        return found.tries
+        return found.tries, found.runs
 
 
-def test_a_run_that_made_no_call_gives_its_try_back_only_while_the_attempt_waits(sessions: sessionmaker[Session]) -> None:
-    notification_id, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)  # put counts one try
+def test_a_try_is_counted_per_failed_call_up_to_the_limit_and_only_while_the_attempt_may_send(
+        sessions: sessionmaker[Session]) -> None:
+    _, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)  # put counts one try
     with sessions.begin() as session:
-        assert moves.wait_without_calling(session, attempt_id=attempt_id, now=NOW)
-        assert not moves.wait_without_calling(session, attempt_id=attempt_id, now=NOW)  # never below zero
-    assert _tries(sessions, attempt_id) == 0
-    assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
-    leased, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
+        assert moves.count_try(session, attempt_id=attempt_id, now=NOW, max_tries=3) == 2
+        assert moves.count_try(session, attempt_id=attempt_id, now=NOW, max_tries=3) == 3
+        assert moves.count_try(session, attempt_id=attempt_id, now=NOW, max_tries=3) is None  # never past the limit
     _, [accepted] = put(sessions, N.ACCEPTED, A.ACCEPTED)
     with sessions.begin() as session:
-        # a twin that found another worker's live lease made no call; it stays in flight
-        assert moves.wait_without_calling(session, attempt_id=in_flight, now=NOW)
-        assert not moves.wait_without_calling(session, attempt_id=accepted, now=NOW)  # an ended attempt's tries stay
-    assert (_tries(sessions, in_flight), _tries(sessions, accepted)) == (0, 1)
+        assert moves.count_try(session, attempt_id=accepted, now=NOW, max_tries=3) is None
+    assert (_counts(sessions, attempt_id)[0], _counts(sessions, accepted)[0]) == (3, 1)
+
+
+def test_a_run_that_ends_without_dying_gives_its_run_back_never_below_zero(sessions: sessionmaker[Session]) -> None:
+    notification_id, _ = put(sessions, N.QUEUED)
+    with sessions.begin() as session:
+        attempt = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
+                                     channel="messaging_platform", now=NOW, columns=(Attempt.__table__.c.id,))
+        assert moves.end_run(session, attempt_id=attempt.id)
+        assert not moves.end_run(session, attempt_id=attempt.id)  # never below zero
+    assert _counts(sessions, attempt.id) == (0, 0)
+    leased, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    with sessions.begin() as session:
+        session.execute(update(Attempt).where(Attempt.id == in_flight).values(runs=1))
+        assert moves.end_run(session, attempt_id=in_flight)  # a twin that waited for a live lease stays in flight
     assert states(sessions, leased) == (N.SENDING, [A.IN_FLIGHT])
+
+
+def test_a_notification_set_aside_is_left_by_the_sweep_until_an_operator_retries_it(
+        sessions: sessionmaker[Session]) -> None:
+    notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
+    with sessions.begin() as session:
+        session.execute(update(Attempt).where(Attempt.id == attempt_id).values(runs=21))
+        assert moves.set_aside(session, notification_id=notification_id, detail="died 20 times", now=NOW)
+    with sessions.begin() as session:
+        due = store.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10)
+    assert notification_id not in due
+    with sessions.begin() as session:
+        assert moves.retry_set_aside(session, notification_id=notification_id, now=NOW)
+        assert not moves.retry_set_aside(session, notification_id=notification_id, now=NOW)  # only one set aside
+    with sessions.begin() as session:
+        due = store.due_for_enqueue(session, now=NOW, stale_before=NOW, limit=10)
+    assert notification_id in due
+    assert _counts(sessions, attempt_id)[1] == 0
+    assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])  # its message may exist: looked for first
 
 
 def test_accept_records_the_message_on_both_and_only_once(sessions: sessionmaker[Session]) -> None:
