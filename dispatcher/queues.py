@@ -22,12 +22,33 @@ READ_BACK_TASK = "dispatcher.read_back"
 TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
 RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period
 
-# Longer than any task can run (HTTP timeouts x retries inside one run stay far below it), so a
-# Redis broker redelivers a task only when its worker really died.
-DEFAULT_VISIBILITY_TIMEOUT_S = 3600
+# A Redis broker has no connection-bound delivery: a task a worker took stays in the "unacked"
+# hash until it is acknowledged, and any worker's restore sweep puts it back in its queue once it is
+# older than the visibility timeout (kombu.transport.redis QoS.restore_visible). So the work a
+# worker held when it was SIGKILLed whole (running, prefetched, countdown retries in memory) comes
+# back after visibility timeout + one restore period: 30 + 5 s, within the 60 s promised for a lost
+# worker (issue 22), with time left for the run itself. (RabbitMQ needs none of this: a dead
+# worker's connection closes and the broker requeues its unacknowledged deliveries at once.)
+# The price: a task unacknowledged for longer than this while its worker lives (a run stuck on
+# HTTP timeouts, a countdown longer than it) is delivered a second time. A twin run is harmless
+# (every move is a compare-and-set; createMessage waits for the attempt's lease), but countdowns
+# must stay well below it: Settings keeps retry_max_countdown_s + COUNTDOWN_MARGIN_S under it.
+DEFAULT_VISIBILITY_TIMEOUT_S = 30
+# How often each worker's event loop runs the restore sweep (kombu's default is every 10 s, and
+# with its throttle of 10 only every 10th call scans: 100 s, past the bound on its own).
+RESTORE_INTERVAL_S = 5
+# A worker killed while it holds the restore sweep's lock (a Redis lock with this expiry) keeps
+# every other worker from restoring until it expires: kombu's 300 s would break the bound. The
+# sweep takes milliseconds, and two overlapping sweeps cannot restore one message twice (each
+# restore is a WATCHed transaction on the unacked hash).
+RESTORE_LOCK_EXPIRY_S = 10
+# What a countdown task may spend unacknowledged beyond its countdown: the wait for a free pool
+# process and the run itself.
+COUNTDOWN_MARGIN_S = 10
 
 
 EMBEDDED_TRANSPORT = "dispatcher.embedded_broker:Transport"
+REDIS_URL_PREFIXES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
 
 
 def broker_transport(broker_url: str) -> str | None:
@@ -56,4 +77,19 @@ def broker_transport_options(broker_url: str, *, visibility_timeout_s: int = DEF
             "store_processed": False,
             "polling_interval": 0.1,
         }
+    if broker_url.startswith(REDIS_URL_PREFIXES):
+        return {
+            "visibility_timeout": visibility_timeout_s,
+            "unacked_restore_interval": RESTORE_INTERVAL_S,
+            "unacked_restore_throttle": 1,  # every call of the sweep scans (kombu's default: every 10th)
+            "unacked_mutex_expire": RESTORE_LOCK_EXPIRY_S,
+        }
+    # AMQP (RabbitMQ): the broker requeues a dead consumer's deliveries when its connection drops;
+    # the Redis options above mean nothing there. Kept as before for any other kind (SQS has a
+    # visibility timeout of its own).
     return {"visibility_timeout": visibility_timeout_s}
+
+
+def has_visibility_timeout(broker_url: str) -> bool:
+    """True for a Redis broker, where an unacknowledged task comes back after the visibility timeout."""
+    return broker_url.startswith(REDIS_URL_PREFIXES)

@@ -36,6 +36,7 @@ from pydantic_settings import (
 )
 
 from dispatcher.errors import ConfigurationError
+from dispatcher.queues import COUNTDOWN_MARGIN_S, DEFAULT_VISIBILITY_TIMEOUT_S, has_visibility_timeout
 
 ENV_PREFIX = "DISPATCHER_"
 CONFIG_FILE_VARIABLE = "DISPATCHER_CONFIG"
@@ -180,7 +181,10 @@ class Settings(BaseSettings):
     retry_max_tries: int = Field(default=12, gt=0, le=100)
     retry_base_s: float = Field(default=1.0, gt=0)
     retry_cap_s: float = Field(default=60.0, gt=0)
-    retry_max_countdown_s: float = Field(default=120.0, gt=0)  # longer waits become a due time for the sweep
+    # Longer waits become a due time for the sweep. A countdown is held unacknowledged by the
+    # worker that took it, and a Redis broker delivers it again once it outlives the visibility
+    # timeout: so it stays below broker_visibility_timeout_s by COUNTDOWN_MARGIN_S (checked below).
+    retry_max_countdown_s: float = Field(default=20.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
     stale_after_s: float = Field(default=300.0, gt=0)  # a sendable row no task touched this long is queued again
     # The workspace refuses the token or cannot be reached: every worker waits (a circuit breaker),
@@ -189,7 +193,9 @@ class Settings(BaseSettings):
     breaker_cap_s: float = Field(default=120.0, gt=0)
     # A notification not accepted this long after it was due fails, with the reason it waited for.
     send_deadline_s: float = Field(default=86400.0, gt=0)
-    broker_visibility_timeout_s: int = Field(default=3600, gt=0)  # Redis broker: unacked tasks come back after this
+    # Redis broker: a task a worker took and never acknowledged (it was killed whole) comes back
+    # after this, plus one restore period (dispatcher.queues): a lost worker's work within 60 s.
+    broker_visibility_timeout_s: int = Field(default=DEFAULT_VISIBILITY_TIMEOUT_S, gt=0)
 
     # Delivery tracking: reconciliation and the single fallback decision.
     # An unconfirmed attempt is read back reconcile_after_s after its last news, then ever less
@@ -306,6 +312,14 @@ class Settings(BaseSettings):
                     raise ValueError(f"routes.{name}.fallback: a route cannot fall back to itself")
                 if route.fallback not in self.routes:
                     raise ValueError(f"routes.{name}.fallback: no route named {route.fallback!r}")
+        if has_visibility_timeout(self.broker_url) and (
+                self.retry_max_countdown_s + COUNTDOWN_MARGIN_S > self.broker_visibility_timeout_s):
+            # A countdown that outlives the visibility timeout is delivered to a second worker
+            # while the first still holds it: every long retry would run twice.
+            raise ValueError(
+                f"{ENV_PREFIX}RETRY_MAX_COUNTDOWN_S (retry_max_countdown_s): must be at least "
+                f"{COUNTDOWN_MARGIN_S} s below broker_visibility_timeout_s on a Redis broker, or a "
+                "countdown outlives the visibility timeout and runs twice")
         overlap = set(self.fallback_codes) & set(self.no_fallback_codes)
         if overlap:
             raise ValueError(f"fallback_codes: {sorted(overlap)} also listed in no_fallback_codes")

@@ -164,3 +164,32 @@ def test_example_file_documents_every_setting() -> None:
     text = EXAMPLE.read_text()
     for field in Settings.model_fields:
         assert f"{field} =" in text or f"[{field}." in text or f"[[{field}]]" in text, field
+
+
+def test_a_countdown_that_would_outlive_the_visibility_timeout_is_refused(env: pytest.MonkeyPatch) -> None:
+    # On a Redis broker a countdown held past the visibility timeout is delivered a second time.
+    redis = {**REQUIRED, "broker_url": "redis://127.0.0.1:6379/0"}
+    error = _error(**redis, retry_max_countdown_s=25.0)
+    assert error.key == "DISPATCHER_RETRY_MAX_COUNTDOWN_S (retry_max_countdown_s)"
+    assert "broker_visibility_timeout_s" in str(error) and "25" not in str(error)
+    assert "\n" not in str(error)
+    # Raising the visibility timeout with it is allowed; so is any countdown where no visibility
+    # timeout applies (RabbitMQ requeues when the connection drops; the file broker by its lease).
+    assert load_settings(**redis, retry_max_countdown_s=100.0, broker_visibility_timeout_s=110).retry_max_countdown_s == 100.0
+    assert load_settings(**REQUIRED, broker_url="amqp://guest:guest@127.0.0.1:5672//",
+                         retry_max_countdown_s=300.0).retry_max_countdown_s == 300.0
+
+
+def test_the_defaults_bring_a_lost_workers_tasks_back_within_a_minute(env: pytest.MonkeyPatch) -> None:
+    from dispatcher.queues import broker_transport_options
+
+    settings = load_settings(**REQUIRED, broker_url="redis://127.0.0.1:6379/0")
+    options = broker_transport_options(settings.broker_url, visibility_timeout_s=settings.broker_visibility_timeout_s)
+    # kombu scans every unacked_restore_interval * unacked_restore_throttle seconds
+    restore_period_s = options["unacked_restore_interval"] * options["unacked_restore_throttle"]
+    assert options["visibility_timeout"] + restore_period_s <= 40  # 20 s left for the runs themselves
+    assert options["unacked_mutex_expire"] < 60 - options["visibility_timeout"]
+    assert settings.retry_max_countdown_s < settings.broker_visibility_timeout_s
+    # RabbitMQ, SQLAlchemy and the file broker get none of the Redis options.
+    for url in ("amqp://guest:guest@127.0.0.1:5672//", "sqla+sqlite:///x.sqlite"):
+        assert "unacked_restore_interval" not in broker_transport_options(url)
