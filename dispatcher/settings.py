@@ -39,6 +39,7 @@ from dispatcher.errors import ConfigurationError
 from dispatcher.queues import COUNTDOWN_MARGIN_S, DEFAULT_VISIBILITY_TIMEOUT_S, has_visibility_timeout
 
 ENV_PREFIX = "DISPATCHER_"
+SEND_LEASE_MARGIN_S = 5.0  # past the HTTP budget: the commit that records createMessage's answer
 CONFIG_FILE_VARIABLE = "DISPATCHER_CONFIG"
 DEFAULT_DATABASE_URL = "sqlite:///var/dispatcher.sqlite"
 DEFAULT_BROKER_URL = "filesystem://var/broker"  # see docs/embedded-broker.md
@@ -186,7 +187,11 @@ class Settings(BaseSettings):
     # timeout: so it stays below broker_visibility_timeout_s by COUNTDOWN_MARGIN_S (checked below).
     retry_max_countdown_s: float = Field(default=20.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
-    stale_after_s: float = Field(default=300.0, gt=0)  # a sendable row no task touched this long is queued again
+    # A sendable row no task touched this long is published again: its task was lost (a worker
+    # killed between the broker's hand-over and its bookkeeping, a broker restarted empty). Short
+    # enough that such work goes on within a minute; a row left in a backlog longer than this gets
+    # a second task (a run that finds it taken or done costs one read).
+    stale_after_s: float = Field(default=45.0, gt=0)
     # The workspace refuses the token or cannot be reached: every worker waits (a circuit breaker),
     # first breaker_base_s, doubling up to breaker_cap_s, then one worker tries again.
     breaker_base_s: float = Field(default=5.0, gt=0)
@@ -339,10 +344,16 @@ class Settings(BaseSettings):
         return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else None
 
     @property
+    def http_budget_s(self) -> float:
+        """The longest one API call can take: every timeout of its phases together."""
+        return self.http_connect_timeout_s + self.http_write_timeout_s + self.http_read_timeout_s + self.http_pool_timeout_s
+
+    @property
     def send_lease_s(self) -> float:
-        """How long a createMessage call may hold its attempt: longer than the whole HTTP budget."""
-        budget = self.http_connect_timeout_s + self.http_write_timeout_s + self.http_read_timeout_s
-        return 2 * (budget + self.http_pool_timeout_s)
+        """How long a createMessage call holds its attempt: the call's whole HTTP budget and a margin
+        for recording its answer (45 s at the defaults). No other run looks for its message before
+        the lease ends, so a worker killed mid-call delays that notification this long, no more."""
+        return self.http_budget_s + SEND_LEASE_MARGIN_S
 
     def template(self, name: str, language: str) -> Template | None:
         """The registered template with that name and language, or None."""

@@ -116,7 +116,7 @@ def resolve_conversation(ctx: SendContext, *, contact_id: int, inbox_id: int, so
         if link is not None and link.conversation_id is not None:
             return link.conversation_id
         # The claim outlasts one createConversation call (its whole HTTP budget), no more.
-        claim_s = ctx.settings.send_lease_s / 2
+        claim_s = ctx.settings.http_budget_s
         wait_s = store.claim_conversation(session, **key, now=now, until=now + timedelta(seconds=claim_s))
     if wait_s > 0:
         raise Wait(wait_s + ctx.rng.uniform(0.1, 0.5), "another worker is creating this conversation")

@@ -249,10 +249,6 @@ def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> I
                 api_url=sandbox.base_url, database_url=database_url, broker_url=private.url,
                 DISPATCHER_TEMPLATES=json.dumps(TEMPLATES),
                 DISPATCHER_ROUTES=routes_json(),
-                # A sendable row that no task touched this long is published again. The default
-                # (300 s) would leave the work of a killed whole worker waiting five minutes, past
-                # this run's budget; 20 s still lets a lagging backlog drain without multiplying it.
-                DISPATCHER_STALE_AFTER_S="20",
                 # The example's 90 searches a minute would make contact creation, not the faults,
                 # the subject of the run. The sandbox (stock profile) still allows 100 a minute and
                 # answers 429 past it, as a stock workspace does: the dispatcher must cope.
@@ -261,7 +257,7 @@ def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> I
                 # service allows 3,000 per client address, the sandbox counts none.
                 DISPATCHER_API_REQUESTS_PER_MINUTE="6000",
             )
-            for fast in FAST_TIMERS.keys() - {"DISPATCHER_STALE_AFTER_S"}:  # retries, timeouts, sweeps at their defaults
+            for fast in FAST_TIMERS:  # retries, timeouts, sweeps and stale rows at their defaults
                 del env[fast]
             settings = settings_of(env)
             with WorkspaceClient.from_settings(settings) as client:

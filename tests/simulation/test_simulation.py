@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from tests.simulation.explore import explore
-from tests.simulation.runner import WORLDS, run
+from tests.simulation.invariants import FALLBACK_SETTLE_S, SETTLE_BOUND_S
+from tests.simulation.runner import WORLDS, run, settings_for
 
 SEEDS_PER_CHUNK = 40
 CHUNKS = 8  # 320 seeds of the small world; the nightly command runs many more (docs/simulation.md)
@@ -130,3 +131,12 @@ def test_the_command_line_runs_seeds_and_replays(capsys: pytest.CaptureFixture[s
     replayed = capsys.readouterr().out
     steps = [line for line in traced.splitlines() if " ms; ends:" not in line]  # the summary line says how long it took
     assert [line for line in replayed.splitlines() if " ms; ends:" not in line] == steps  # the same run, from its choices alone
+
+
+def test_the_liveness_bound_follows_the_settings() -> None:
+    """The bound is derived from the defaults (docs/simulation.md); a default that grows must grow it."""
+    settings = settings_for("secret")
+    deadline = max(route.delivery_deadline_s for route in settings.routes.values())
+    derived = (settings.broker_visibility_timeout_s + settings.stale_after_s + settings.send_lease_s + deadline
+               + FALLBACK_SETTLE_S)
+    assert derived <= SETTLE_BOUND_S
