@@ -27,9 +27,9 @@ and adopt the message if it is there" before anything else, ``give_up`` a final 
    less), else :func:`~dispatcher.policy.backoff.backoff_s` of ``tries - 1``.
    A 429 also sets ``pause_s``: the caller pauses the shared limiter (every worker) that long.
 
-``tries`` counts the tries made so far, the failed one included (>= 1); count a try in the
-transaction that marks it started, so a crash loop also runs out of tries. Every failed try
-counts, 429s included: the limiter is what keeps 429s rare.
+``tries`` counts the tries made so far, the failed one included (>= 1): calls that reached the
+workspace and failed, 429s included (the limiter is what keeps 429s rare). A run that made no
+call, or died, is no try: crash loops have their own guard in the send path (``send_max_runs``).
 """
 
 from __future__ import annotations
