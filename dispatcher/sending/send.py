@@ -322,6 +322,8 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             if job.tries < ctx.plan.max_tries:
                 job = _start_if_known(session, job, ctx, now=now)
             if job.started is None and (blocked := _recipient_said_no(session, job, ctx, now=now)):
+                if blocked.outcome is Outcome.SKIPPED:  # lost a race to another worker: no crash
+                    moves.end_run(session, attempt_id=job.attempt_id)
                 return blocked
         if job.started is None:
             store.touch_for_run(session, job.notification_id, now=now)
