@@ -446,12 +446,8 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     if job.attempt_state is AttemptState.IN_FLIGHT and job.lease_active_s > 0:
         return SendResult(Outcome.RETRY, "another worker's createMessage may still be running", delay_s=job.lease_active_s + 1)
     if job.attempt_state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
-        try:
-            adopted = _recover(job, ctx)
-        except ApiError as error:
-            return _look_again_later(error, job, ctx)
-        if adopted is not None:
-            return adopted
+        if (found := _look_for_earlier_message(job, ctx)) is not None:
+            return found
         if job.no_resend:
             return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
     if job.tries >= ctx.plan.max_tries:
@@ -516,6 +512,14 @@ def _message_body(job: _Job, ctx: SendContext, *, window_open: bool) -> MessageB
     if registered is None:
         raise InvalidEvent("template.name", "is no longer in the template registry")
     return MessageBody(job.payload.content, template_params(registered, template.params))
+
+
+def _look_for_earlier_message(job: _Job, ctx: SendContext) -> SendResult | None:
+    """An earlier try's message, adopted; or, when the read fails, a look again later. None: it does not exist."""
+    try:
+        return _recover(job, ctx)
+    except ApiError as error:
+        return _look_again_later(error, job, ctx)
 
 
 def _recover(job: _Job, ctx: SendContext) -> SendResult | None:
@@ -642,13 +646,8 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str, *, looked: 
     Out of tries, an attempt that an earlier run claimed looks first (one read, as after an
     ambiguous write): that run's message may exist (it died before recording it), and a fallback
     is for a message that does not exist or failed, never for one that may be delivered."""
-    if error_kind == TRIES_EXHAUSTED and not looked:
-        try:
-            adopted = _recover(job, ctx)
-        except ApiError as error:
-            return _look_again_later(error, job, ctx)
-        if adopted is not None:
-            return adopted
+    if error_kind == TRIES_EXHAUSTED and not looked and (found := _look_for_earlier_message(job, ctx)) is not None:
+        return found
     with ctx.sessions.begin() as session:
         moved = moves.fail_attempt(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
                                    error_kind=error_kind, detail=detail, now=ctx.clock())

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ DEFAULT_ACCOUNT_ID = 1
 DEFAULT_TOKEN = "sandbox-token-account-1"
 OTHER_ACCOUNT_ID = 2
 OTHER_TOKEN = "sandbox-token-account-2"
+EVENT_IN_CONTENT = re.compile(r"^Reminder (\S+):")  # the content of tests.support.dispatcher_setup.reminder
 
 __all__ = [
     "DEFAULT_ACCOUNT_ID",
@@ -104,6 +107,16 @@ class SandboxProcess:
         """All stored messages (filters: conversation_id, inbox_id, contact_id, status, account_id)."""
         params = {key: str(value) for key, value in filters.items() if value is not None}
         return self._json(self.client.get("/_sandbox/messages", params=params))["messages"]
+
+    def messages_per_event(self) -> Counter[str]:
+        """How many messages the sandbox holds for each event, read from the content the tests send
+        (``Reminder <event_id>: ...``, :func:`tests.support.dispatcher_setup.reminder`)."""
+        counts: Counter[str] = Counter()
+        for message in self.messages():
+            match = EVENT_IN_CONTENT.match(message.get("content") or "")
+            if match:
+                counts[match.group(1)] += 1
+        return counts
 
     def faults(self) -> dict[str, Any]:
         return self._json(self.client.get("/_sandbox/faults"))

@@ -29,28 +29,14 @@ from dispatcher.operations.cli.main import EXIT_USAGE, cli
 from dispatcher.sending.send import Outcome, SendResult, send_notification
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, utcnow
-from tests.support.dispatcher_setup import example_settings, reminder, send_context
-from tests.support.sandbox_process import SandboxProcess, running_sandbox
+from tests.support.dispatcher_setup import reminder
+from tests.support.sandbox_process import SandboxProcess
 
 pytestmark = pytest.mark.integration
 
 
 class Killed(BaseException):
     """The process died at this point (a SIGKILL): no code of ours catches a BaseException."""
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxProcess]:
-    with running_sandbox() as process:
-        yield process
-
-
-@pytest.fixture()
-def context(sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
-    sandbox.reset()
-    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/dispatcher.sqlite")
-    with send_context(settings) as ctx:
-        yield ctx
 
 
 def _accept(ctx: SendContext, event_id: str, phone: str) -> int:

@@ -16,7 +16,6 @@ starts, A is SIGKILLed (its main process, then its pool) and the fault is lifted
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 import uuid
@@ -30,7 +29,7 @@ from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.service import Dispatcher
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
-from tests.support.sandbox_process import SandboxProcess, running_sandbox
+from tests.support.sandbox_process import SandboxProcess
 from tests.support.worker_process import (
     FAST_TIMERS,
     ProcessGroup,
@@ -44,19 +43,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 RECOVERY_BOUND_S = 60.0  # issue 22: a lost worker's work is sent by the others within a minute
 NOTIFICATIONS = 8
-EVENT_IN_CONTENT = re.compile(r"^Reminder (\S+):")
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672"
 # Every contact search waits 1 s, then fails with a 503 (retried with a countdown): the tasks are
 # held by a worker, running or counting down, and nothing reaches createMessage before the kill.
 SLOW_FAILING_SEARCH = {"searchContacts": {"latency_s": 1.0, "server_error_share": 1.0}}
 SLOW_CREATE = {"createMessage": {"latency_s": 6.0}}  # the kill comes while A waits for the answers
 HOLDS = {"retrying": SLOW_FAILING_SEARCH, "in createMessage": SLOW_CREATE}
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxProcess]:
-    with running_sandbox() as process:
-        yield process
 
 
 @pytest.fixture()
@@ -86,15 +78,6 @@ def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
     if request.param == "redis":
         return fresh_broker_url(redis_url)
     return str(request.getfixturevalue("rabbitmq_vhost"))
-
-
-def _messages_per_event(sandbox: SandboxProcess) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for message in sandbox.messages():
-        match = EVENT_IN_CONTENT.match(message.get("content") or "")
-        if match:
-            counts[match.group(1)] += 1
-    return counts
 
 
 def _ready(group: ProcessGroup, name: str) -> bool:
@@ -152,7 +135,7 @@ def test_the_work_of_a_worker_killed_whole_is_sent_by_the_other_within_a_minute(
                   f"sent {recovery_s:.1f} s after worker A was killed")
             assert recovery_s <= RECOVERY_BOUND_S
             # And each exactly once
-            per_event = _messages_per_event(sandbox)
+            per_event = sandbox.messages_per_event()
             assert {event: per_event[event] for event in events} == dict.fromkeys(events, 1)
             assert sum(per_event.values()) == NOTIFICATIONS
             assert "A" not in group.processes and group.processes["B"].poll() is None

@@ -6,7 +6,6 @@ the sandbox, in the conversation of its contact and inbox, and the store says so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,23 +23,9 @@ from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Payload
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
-from tests.support.sandbox_process import SandboxProcess, running_sandbox
+from tests.support.sandbox_process import SandboxProcess
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxProcess]:
-    with running_sandbox() as process:
-        yield process
-
-
-@pytest.fixture()
-def context(sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
-    sandbox.reset()
-    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/dispatcher.sqlite")
-    with send_context(settings) as ctx:
-        yield ctx
 
 
 def _accept(ctx: SendContext, request: dict) -> int:

@@ -24,7 +24,7 @@ from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
-from tests.support.sandbox_process import SandboxProcess, running_sandbox
+from tests.support.sandbox_process import SandboxProcess
 from tests.support.worker_process import (
     ProcessGroup,
     dispatcher_environment,
@@ -35,14 +35,7 @@ from tests.support.worker_process import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-EVENT_IN_CONTENT = re.compile(r"^Reminder (\S+):")
 ACCEPTED_STATES = {"accepted", "sent", "delivered", "read"}
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[SandboxProcess]:
-    with running_sandbox() as process:
-        yield process
 
 
 @pytest.fixture()
@@ -63,15 +56,6 @@ def _settings_from(env: dict[str, str]) -> Settings:
     overrides = {key.removeprefix("DISPATCHER_").lower(): value for key, value in env.items()
                  if key.startswith("DISPATCHER_") and key not in ("DISPATCHER_CONFIG",) and not key.startswith("DISPATCHER_TEST_")}
     return example_settings(**overrides)
-
-
-def _messages_per_event(sandbox: SandboxProcess) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for message in sandbox.messages():
-        match = EVENT_IN_CONTENT.match(message.get("content") or "")
-        if match:
-            counts[match.group(1)] += 1
-    return counts
 
 
 def _states(dispatcher: Dispatcher, event_ids: list[str]) -> Counter[str]:
@@ -99,7 +83,7 @@ def test_two_hundred_notifications_for_fifty_contacts(setup: tuple[Dispatcher, P
     # When the workers have sent them
     wait_until(lambda: _all_accepted(dispatcher, events), timeout_s=120, what="200 accepted notifications")
     # Then every event has exactly one message, and each contact one conversation
-    per_event = _messages_per_event(sandbox)
+    per_event = sandbox.messages_per_event()
     assert {event: per_event[event] for event in events} == {event: 1 for event in events}
     messages = sandbox.messages()
     conversations_per_contact = Counter()
@@ -158,7 +142,7 @@ def test_the_same_event_a_hundred_times_from_several_processes_is_one_message(
     # Then there is one notification and, once sent, one message
     wait_until(lambda: _all_accepted(dispatcher, ["same-event-100"]), timeout_s=60, what="the notification to be sent")
     time.sleep(1.0)  # any duplicate task would have sent by now
-    assert _messages_per_event(sandbox)["same-event-100"] == 1
+    assert sandbox.messages_per_event()["same-event-100"] == 1
     assert sandbox.stats()["calls"]["createMessage"] == 1
 
 
@@ -215,7 +199,7 @@ def test_dropped_responses_and_killed_workers_lose_nothing_and_duplicate_nothing
         print("stuck:", [(r.event_id, r.state, [(a.state, a.tries, a.error_kind) for a in r.attempts]) for r in stuck][:10])
         raise
     time.sleep(1.5)
-    per_event = _messages_per_event(sandbox)
+    per_event = sandbox.messages_per_event()
     for event, count in per_event.items():
         if count != 1:
             record = dispatcher.status(event)
