@@ -45,16 +45,20 @@ __all__ = [
 
 
 class NotificationStates(Collector):
-    """``dispatcher_notifications{state}`` and ``dispatcher_webhook_deliveries_set_aside``: counted in
-    the store when scraped."""
+    """``dispatcher_notifications{state}``, ``dispatcher_notifications_set_aside`` (their send task
+    kept dying: ``crash_loop``, for ``dispatcher retry``) and ``dispatcher_webhook_deliveries_set_aside``:
+    counted in the store when scraped."""
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        from dispatcher.lifecycle.moves import CRASH_LOOP
         from dispatcher.store.models import Notification, WebhookDelivery
 
         family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
+        crash_loops = GaugeMetricFamily("dispatcher_notifications_set_aside",
+                                        "Notifications set aside as crash_loop: their send task kept dying (dispatcher retry).")
         set_aside = GaugeMetricFamily("dispatcher_webhook_deliveries_set_aside",
                                       "Webhook deliveries the consumer set aside (dispatcher deliveries list).")
         store_up = GaugeMetricFamily("dispatcher_store_up", "1 when the store answered this scrape, else 0.")
@@ -63,6 +67,8 @@ class NotificationStates(Collector):
                 for state, count in session.execute(select(Notification.state, func.count())
                                                     .group_by(Notification.state)):
                     family.add_metric([state], count)
+                crash_loops.add_metric([], session.scalar(select(func.count()).select_from(Notification)
+                                                          .where(Notification.error_kind == CRASH_LOOP)) or 0)
                 set_aside.add_metric([], session.scalar(select(func.count()).select_from(WebhookDelivery)
                                                         .where(WebhookDelivery.outcome == "set_aside")) or 0)
         except SQLAlchemyError:  # the process's own metrics still answer while the store is away
@@ -72,6 +78,7 @@ class NotificationStates(Collector):
         store_up.add_metric([], 1)
         yield store_up
         yield family
+        yield crash_loops
         yield set_aside
 
 

@@ -24,6 +24,7 @@ from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
+from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations import set_aside
 from dispatcher.operations.cli.main import EXIT_USAGE, cli
 from dispatcher.sending.send import Outcome, SendResult, send_notification
@@ -139,6 +140,7 @@ def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retr
     assert record.error_detail is not None and f"died {limit} times" in record.error_detail
     assert _attempt(context, notification_id).tries == 0
     assert _create_calls(sandbox) == 0
+    assert "dispatcher_notifications_set_aside 1.0" in render(NotificationStates(context.sessions)).decode()
     with context.sessions.begin() as session:
         later = utcnow() + timedelta(days=1)
         assert notification_id not in store.due_for_enqueue(session, now=later, stale_before=later, limit=100)
@@ -146,6 +148,7 @@ def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retr
     set_aside.retry(context.sessions, "evt-loop")
     with context.sessions.begin() as session:
         assert notification_id in store.due_for_enqueue(session, now=utcnow(), stale_before=utcnow(), limit=100)
+    assert "dispatcher_notifications_set_aside 0.0" in render(NotificationStates(context.sessions)).decode()
     assert send_notification(notification_id, context).outcome is Outcome.ACCEPTED
     assert _create_calls(sandbox) == 1
     with pytest.raises(StateConflict, match="not set aside"):
