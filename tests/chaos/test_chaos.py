@@ -12,6 +12,7 @@ sandbox's own record. On Redis (1,000 notifications, 50 kills) and on RabbitMQ (
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -70,6 +71,9 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
     broker: str, tmp_path: Path, clean_environment: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str], record_property: Any,
 ) -> None:
+    chosen = os.environ.get("CHAOS_BROKER", "").strip()
+    if chosen and chosen != broker:
+        pytest.skip(f"CHAOS_BROKER={chosen}: only that broker's run")
     config = ChaosConfig.from_environment(broker)
     budget_s = time_budget_s()
     began = time.monotonic()
@@ -156,7 +160,7 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                     problems.append(f"    {case} | {dump_event(rows.get(event_id), per_event.get(event_id, {}))}")
             report["problems"] = problems
             if problems or config.keep_logs:
-                kept = config.keep_logs or REPO_ROOT / "var" / f"chaos-logs-{config.seed}"
+                kept = config.keep_logs or REPO_ROOT / "var" / f"chaos-logs-{broker}-{config.seed}"
                 shutil.copytree(log_dir, kept, dirs_exist_ok=True)
                 suspects = sorted({case.split(":", 1)[0] for cases in verdict.violations.values() for case in cases})[:200]
                 (kept / "store.json").write_text(json.dumps(store_dump(engine, suspects), default=str, indent=1))
