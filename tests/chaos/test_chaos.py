@@ -164,6 +164,12 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 shutil.copytree(log_dir, kept, dirs_exist_ok=True)
                 suspects = sorted({case.split(":", 1)[0] for cases in verdict.violations.values() for case in cases})[:200]
                 (kept / "store.json").write_text(json.dumps(store_dump(engine, suspects), default=str, indent=1))
+                # the sandbox's side of the same events: IDs, inboxes, statuses, times (no content, no phone)
+                (kept / "sandbox.json").write_text(json.dumps(
+                    {event_id: {inbox: [{key: m.get(key) for key in ("id", "status", "created_at", "updated_at",
+                                                                      "conversation_id", "external_error")}
+                                        for m in found] for inbox, found in per_event.get(event_id, {}).items()}
+                     for event_id in suspects}, default=str, indent=1))
                 (kept / "timeline.txt").write_text("\n".join(controller.log.timeline))
                 (kept / "postgres-server.txt").write_text(postgres_log)
                 say(f"process logs kept in {kept}")
