@@ -412,6 +412,14 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interva
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+KINDS = ("sender", "consumer", "beat", "receiver")
+
+
+def kind_of(name: str) -> str:
+    """sender0 -> sender, consumer1 -> consumer, beat -> beat."""
+    return name.rstrip("0123456789")
+
+
 # --- the controller -------------------------------------------------------------------------
 
 
@@ -462,7 +470,7 @@ class Controller(threading.Thread):
 
     def _run(self) -> None:
         while not self.stop_requested.is_set() and time.monotonic() < self.deadline:
-            if self.log.total_kills >= self.target and self.intake_done.is_set():
+            if self.log.total_kills >= self.target and self.intake_done.is_set() and not self.kinds_missed():
                 return
             self.stop_requested.wait(self.rng.uniform(MIN_KILL_GAP_S, 2 * self.mean_gap_s - MIN_KILL_GAP_S))
             self.supervise()
@@ -475,11 +483,20 @@ class Controller(threading.Thread):
             if self.log.total_kills >= self.lose_after and self.log.lost_for_good is None:
                 self._lose_for_good(self.rng.choice(self.living_senders()))
                 continue
-            name = self.rng.choice([*self.living_senders(), *CONSUMERS, *SINGLES])
+            candidates = [*self.living_senders(), *CONSUMERS, *SINGLES]
+            if self.log.total_kills >= self.target and self.kinds_missed():
+                # every kind of process must have been killed at least once: past the asked-for
+                # kills, only the kinds the draws missed (rare: no seed reported so far needed it)
+                candidates = [name for name in candidates if kind_of(name) in self.kinds_missed()]
+            name = self.rng.choice(candidates)
             if name in SINGLES or self.rng.random() < WHOLE_WORKER_SHARE:
                 self._kill_whole(name)
             else:
                 self._kill_pool_process(name)
+
+    def kinds_missed(self) -> set[str]:
+        hit = {kind_of(target.split()[0]) for target in self.log.kills}
+        return set(KINDS) - hit
 
     def living_senders(self) -> list[str]:
         return [name for name in SENDERS if name != self.log.lost_for_good]

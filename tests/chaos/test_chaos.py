@@ -144,6 +144,8 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 problems.append(f"the broker restarted {controller.log.broker_restarts} times, not once")
             if controller.log.postgres_restarts != 1:
                 problems.append(f"PostgreSQL restarted {controller.log.postgres_restarts} times, not once")
+            if controller.kinds_missed():
+                problems.append(f"no kill of {sorted(controller.kinds_missed())}")
             if controller.log.lost_for_good is None:
                 problems.append("no send worker was lost for good")
             if not pools_full:
