@@ -1,11 +1,13 @@
 """The fault-injection run behind ``tests/chaos/test_chaos.py`` and ``scripts/chaos``.
 
 One run: the sandbox (with 5xx, 429, dropped responses and unruly webhooks), the webhook receiver,
-two outcome consumers, two send workers, beat, a private Redis (broker and shared limiter) and a
-fresh PostgreSQL database, all real processes on 127.0.0.1. While the notifications are handed
-over, a controller thread SIGKILLs worker and consumer processes at moments drawn from
-``random.Random(seed)``, restarts Redis once, and plays the supervisor. When everything has
-settled, the dispatcher's store is checked against the sandbox's own record of messages.
+two outcome consumers, three send workers, beat, a private Redis (the shared limiter, and the
+broker on ``redis``), a RabbitMQ virtual host of the run's own behind a TCP proxy (the broker on
+``rabbitmq``) and a private PostgreSQL server, all real processes on 127.0.0.1. While the
+notifications are handed over, a controller thread SIGKILLs workers, consumers, beat and the
+receiver at moments drawn from ``random.Random(seed)``, loses one send worker for good, restarts
+PostgreSQL and the broker once each, and plays the supervisor. When everything has settled, the
+dispatcher's store is checked against the sandbox's own record of messages.
 
 Nothing here knows pytest except through the fixtures the test hands in; docs/chaos.md describes
 the run, the faults, the checks and what "confirmed" means.
@@ -18,8 +20,11 @@ import json
 import os
 import random
 import re
+import statistics
+import subprocess
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,19 +43,29 @@ from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.postgres_server import PrivatePostgres, private_postgres
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.worker_process import FAST_TIMERS, ProcessGroup, dispatcher_environment, process_group
 
 # --- the run's shape ------------------------------------------------------------------------
 
-DEFAULT_NOTIFICATIONS = 1000
-DEFAULT_KILLS = 50
-SENDERS = {"sender0": 3, "sender1": 3}  # name -> pool processes (send + maintenance queues)
+BROKERS = ("redis", "rabbitmq")
+# The CI size per broker (notifications, kills at least): the 1,000 on Redis is the long-standing
+# run; issue 22 asks for 300 notifications and 30 kills on RabbitMQ beside it.
+RUN_SIZES = {"redis": (1000, 50), "rabbitmq": (300, 30)}
+DEFAULT_NOTIFICATIONS, DEFAULT_KILLS = RUN_SIZES["redis"]
+SENDERS = {"sender0": 3, "sender1": 3, "sender2": 3}  # name -> pool processes (send + maintenance queues)
 CONSUMERS = {"consumer0": 2, "consumer1": 2}  # name -> pool processes (outcomes queue only)
+SINGLES = ("beat", "receiver")  # one process each, killed whole and started again by the supervisor
 WHOLE_WORKER_SHARE = 0.12  # of kills: the worker's main process (and its pool) instead of one pool process
 MIN_KILL_GAP_S = 0.2  # kills come at uniform random gaps that spread them over the hand-over
-REDIS_DOWN_S = (1.0, 3.0)  # how long Redis stays down at its restart
+DOWN_S = (1.0, 3.0)  # how long PostgreSQL and the broker stay down at their restart
+RABBITMQ = ("127.0.0.1", 5672)  # the machine's RabbitMQ (shared: reached through a proxy, never restarted)
+# Failures of an attempt without a message that are ours, not the workspace's refusal (issue 22).
+OUR_FAILURES = frozenset({"tries_exhausted", "crash_loop", "outcome_unknown", "internal", "unreachable"})
+CRASH_LOOP = "crash_loop"
 INTAKE_PER_S = 8.0  # notifications handed over per second: about what the senders manage under fire here
 
 # Recipients and templates (the sandbox's default seed decides what happens to them).
@@ -92,27 +107,31 @@ class ChaosConfig:
     kills: int = DEFAULT_KILLS
     report_path: Path | None = None
     keep_logs: Path | None = None
+    broker: str = "redis"
 
     @classmethod
-    def from_environment(cls) -> ChaosConfig:
-        """CHAOS_SEED (replay), CHAOS_NOTIFICATIONS, CHAOS_KILLS, CHAOS_REPORT, CHAOS_KEEP_LOGS."""
+    def from_environment(cls, broker: str = "redis") -> ChaosConfig:
+        """CHAOS_SEED (replay), CHAOS_NOTIFICATIONS, CHAOS_KILLS (else the broker's CI size),
+        CHAOS_REPORT, CHAOS_KEEP_LOGS."""
         seed_text = os.environ.get("CHAOS_SEED", "").strip()
         seed = int(seed_text) if seed_text else random.SystemRandom().randrange(1, 2**31)
         report = os.environ.get("CHAOS_REPORT", "").strip()
         keep = os.environ.get("CHAOS_KEEP_LOGS", "").strip()
+        notifications, kills = RUN_SIZES[broker]
         return cls(
             seed=seed,
-            notifications=int(os.environ.get("CHAOS_NOTIFICATIONS", DEFAULT_NOTIFICATIONS)),
-            kills=int(os.environ.get("CHAOS_KILLS", DEFAULT_KILLS)),
+            notifications=int(os.environ.get("CHAOS_NOTIFICATIONS") or notifications),
+            kills=int(os.environ.get("CHAOS_KILLS") or kills),
             report_path=Path(report) if report else None,
             keep_logs=Path(keep) if keep else None,
+            broker=broker,
         )
 
 
 def time_budget_s() -> float:
-    """The whole test's limit: 900 s for the CI size, more for the larger runs of scripts/chaos."""
-    notifications = int(os.environ.get("CHAOS_NOTIFICATIONS", DEFAULT_NOTIFICATIONS))
-    kills = int(os.environ.get("CHAOS_KILLS", DEFAULT_KILLS))
+    """One run's limit: 900 s for the CI sizes, more for the larger runs of scripts/chaos."""
+    notifications = int(os.environ.get("CHAOS_NOTIFICATIONS") or DEFAULT_NOTIFICATIONS)
+    kills = int(os.environ.get("CHAOS_KILLS") or DEFAULT_KILLS)
     return max(900.0, 300 + notifications * 0.35 + kills * 1.5)
 
 
@@ -217,6 +236,87 @@ class PrivateRedis(BasePrivateRedis):
             client.close()
 
 
+# --- the broker -----------------------------------------------------------------------------
+
+
+class RedisBroker:
+    """The private Redis as the broker (and the shared limiter): its restart is a real one,
+    SIGKILL then started again empty, every queued and unacknowledged task lost."""
+
+    kind = "redis"
+
+    def __init__(self, redis_server: PrivateRedis) -> None:
+        self.server = redis_server
+        self.url = redis_server.url
+
+    def queued(self) -> dict[str, int]:
+        return self.server.queued()
+
+    def restart(self, down_s: float) -> None:
+        self.server.kill()
+        time.sleep(down_s)
+        self.server.start()
+
+    def close(self) -> None:
+        pass
+
+
+class RabbitBroker:
+    """A virtual host of the run's own on the machine's RabbitMQ, reached only through a TCP proxy.
+
+    The machine's RabbitMQ is shared, so it is never restarted. What the dispatcher sees of a
+    restart is what the proxy does: every connection dropped, new ones refused for a while, then
+    accepted again. A real restart keeps what it held (Celery declares its queues durable and
+    publishes persistent messages) and requeues what was delivered but not acknowledged, as it does
+    when a connection closes: the same as the proxy's cut. docs/chaos.md says more.
+    """
+
+    kind = "rabbitmq"
+
+    def __init__(self) -> None:
+        self.vhost = f"chaos-{uuid.uuid4().hex[:10]}"
+        _rabbitmqctl("add_vhost", self.vhost)
+        try:
+            _rabbitmqctl("set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*")
+            self.proxy = TcpProxy(*RABBITMQ)
+        except BaseException:
+            _rabbitmqctl("delete_vhost", self.vhost)
+            raise
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.proxy.port}/{self.vhost}"
+
+    def queued(self) -> dict[str, int]:
+        """Ready and unacknowledged messages per queue of the run's vhost, right now."""
+        try:
+            done = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", self.vhost, "--no-table-headers",
+                                   "name", "messages_ready", "messages_unacknowledged"],
+                                  capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return {f"unreadable ({type(error).__name__})": 0}
+        counts: Counter[str] = Counter()
+        for line in done.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0].startswith("dispatcher.") and parts[1].isdigit() and parts[2].isdigit():
+                counts[parts[0]] += int(parts[1])
+                counts["unacked"] += int(parts[2])
+        return dict(counts)
+
+    def restart(self, down_s: float) -> None:
+        self.proxy.cut()
+        time.sleep(down_s)
+        self.proxy.restore()
+
+    def close(self) -> None:
+        self.proxy.close()
+        _rabbitmqctl("delete_vhost", self.vhost)
+
+
+def _rabbitmqctl(*arguments: str) -> None:
+    done = subprocess.run(["rabbitmqctl", "-q", *arguments], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {arguments[0]} failed (is RabbitMQ running on 127.0.0.1:5672?): "
+                           f"{done.stderr.strip()[:200]}")
+
+
 # --- the stack ------------------------------------------------------------------------------
 
 
@@ -224,7 +324,9 @@ class PrivateRedis(BasePrivateRedis):
 class Stack:
     group: ProcessGroup
     sandbox: SandboxProcess
-    redis: PrivateRedis
+    redis: PrivateRedis  # the shared limiter; the broker too on redis
+    broker: RedisBroker | RabbitBroker
+    postgres: PrivatePostgres
     dispatcher: Dispatcher
     enqueuer: CeleryEnqueuer
     database_url: str
@@ -237,16 +339,19 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> Iterator[Stack]:
+def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
     log_dir.mkdir(parents=True, exist_ok=True)
     private = PrivateRedis(log_dir)
     private.start()
+    broker: RedisBroker | RabbitBroker = RedisBroker(private) if config.broker == "redis" else RabbitBroker()
     try:
-        with running_sandbox(sandbox_config(config.seed)) as sandbox:
+        with private_postgres() as postgres, running_sandbox(sandbox_config(config.seed)) as sandbox:
+            database_url = postgres.url
             upgrade_database(database_url)
             receiver_port = free_port()
             env = dispatcher_environment(
-                api_url=sandbox.base_url, database_url=database_url, broker_url=private.url,
+                api_url=sandbox.base_url, database_url=database_url, broker_url=broker.url,
+                DISPATCHER_REDIS_URL=private.url,  # the shared limiter: the broker itself on redis
                 DISPATCHER_TEMPLATES=json.dumps(TEMPLATES),
                 DISPATCHER_ROUTES=routes_json(),
                 # The example's 90 searches a minute would make contact creation, not the faults,
@@ -266,11 +371,12 @@ def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> I
                     subscriptions=["message_created", "message_updated"])
             assert webhook.secret is not None
             env["DISPATCHER_WEBHOOK_SECRETS"] = webhook.secret.get_secret_value()
-            enqueuer = CeleryEnqueuer(private.url)
+            enqueuer = CeleryEnqueuer(broker.url)
             try:
                 with process_group(env, log_dir) as group:
                     dispatcher = Dispatcher(settings_of(env), enqueuer=enqueuer)
-                    stack = Stack(group, sandbox, private, dispatcher, enqueuer, database_url, receiver_port, env)
+                    stack = Stack(group, sandbox, private, broker, postgres, dispatcher, enqueuer, database_url,
+                                  receiver_port, env)
                     stack.start_receiver()
                     for name, concurrency in SENDERS.items():
                         group.start_worker(name, concurrency=concurrency)
@@ -286,6 +392,7 @@ def running_stack(config: ChaosConfig, *, database_url: str, log_dir: Path) -> I
             finally:
                 enqueuer.close()
     finally:
+        broker.close()
         private.stop()
 
 
@@ -305,18 +412,29 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interva
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+KINDS = ("sender", "consumer", "beat", "receiver")
+
+
+def kind_of(name: str) -> str:
+    """sender0 -> sender, consumer1 -> consumer, beat -> beat."""
+    return name.rstrip("0123456789")
+
+
 # --- the controller -------------------------------------------------------------------------
 
 
 @dataclass
 class ChaosLog:
-    kills: Counter[str] = field(default_factory=Counter)  # "sender0 pool" / "consumer1 worker" -> n
+    kills: Counter[str] = field(default_factory=Counter)  # "sender0 pool process" / "beat whole" -> n
     pool_kills: int = 0
     worker_kills: int = 0
-    redis_restarts: int = 0
-    redis_down_s: float = 0.0
-    redis_lost: dict[str, int] = field(default_factory=dict)  # what the restart threw away
-    supervisor_restarts: Counter[str] = field(default_factory=Counter)  # beat / receiver found dead
+    broker_restarts: int = 0
+    broker_down_s: float = 0.0
+    broker_queued: dict[str, int] = field(default_factory=dict)  # what the broker held at its restart
+    postgres_restarts: int = 0
+    postgres_down_s: float = 0.0
+    lost_for_good: str | None = None  # the send worker killed and never started again
+    supervisor_restarts: Counter[str] = field(default_factory=Counter)  # beat / receiver started again
     timeline: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -326,7 +444,8 @@ class ChaosLog:
 
 
 class Controller(threading.Thread):
-    """Kills at random moments, restarts Redis once, and restarts whatever died (a supervisor)."""
+    """Kills at random moments, loses one send worker for good, restarts PostgreSQL and the broker
+    once each, and restarts whatever else died (a supervisor)."""
 
     def __init__(self, stack: Stack, rng: random.Random, *, kills: int, intake_s: float,
                  intake_done: threading.Event, deadline: float, started: float) -> None:
@@ -335,7 +454,11 @@ class Controller(threading.Thread):
         self.intake_done, self.deadline, self.started = intake_done, deadline, started
         self.stop_requested = threading.Event()
         self.log = ChaosLog()
-        self.restart_after = rng.randint(max(1, kills // 4), max(1, (3 * kills) // 4))
+        # The once-only faults each come after a kill drawn between a quarter and three quarters of them.
+        middle = (max(1, kills // 4), max(1, (3 * kills) // 4))
+        self.broker_restart_after = rng.randint(*middle)
+        self.postgres_restart_after = rng.randint(*middle)
+        self.lose_after = rng.randint(*middle)
         self.mean_gap_s = max(MIN_KILL_GAP_S * 2, intake_s / max(kills, 1))
         self.lock = threading.Lock()  # the supervisor runs here and, after the chaos, in the main thread
 
@@ -346,20 +469,37 @@ class Controller(threading.Thread):
             self.log.errors.append(f"controller: {type(error).__name__}: {error}")
 
     def _run(self) -> None:
-        names = [*SENDERS, *CONSUMERS]
         while not self.stop_requested.is_set() and time.monotonic() < self.deadline:
-            if self.log.total_kills >= self.target and self.intake_done.is_set():
+            if self.log.total_kills >= self.target and self.intake_done.is_set() and not self.kinds_missed():
                 return
             self.stop_requested.wait(self.rng.uniform(MIN_KILL_GAP_S, 2 * self.mean_gap_s - MIN_KILL_GAP_S))
             self.supervise()
-            if self.log.total_kills >= self.restart_after and not self.log.redis_restarts:
-                self._restart_redis()
+            if self.log.total_kills >= self.broker_restart_after and not self.log.broker_restarts:
+                self._restart_broker()
                 continue
-            name = self.rng.choice(names)
-            if self.rng.random() < WHOLE_WORKER_SHARE:
-                self._kill_worker(name)
+            if self.log.total_kills >= self.postgres_restart_after and not self.log.postgres_restarts:
+                self._restart_postgres()
+                continue
+            if self.log.total_kills >= self.lose_after and self.log.lost_for_good is None:
+                self._lose_for_good(self.rng.choice(self.living_senders()))
+                continue
+            candidates = [*self.living_senders(), *CONSUMERS, *SINGLES]
+            if self.log.total_kills >= self.target and self.kinds_missed():
+                # every kind of process must have been killed at least once: past the asked-for
+                # kills, only the kinds the draws missed (rare: no seed reported so far needed it)
+                candidates = [name for name in candidates if kind_of(name) in self.kinds_missed()]
+            name = self.rng.choice(candidates)
+            if name in SINGLES or self.rng.random() < WHOLE_WORKER_SHARE:
+                self._kill_whole(name)
             else:
                 self._kill_pool_process(name)
+
+    def kinds_missed(self) -> set[str]:
+        hit = {kind_of(target.split()[0]) for target in self.log.kills}
+        return set(KINDS) - hit
+
+    def living_senders(self) -> list[str]:
+        return [name for name in SENDERS if name != self.log.lost_for_good]
 
     def _note(self, text: str) -> None:
         clock = time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
@@ -378,37 +518,66 @@ class Controller(threading.Thread):
         self.log.kills[f"{name} pool process"] += 1
         self._note(f"SIGKILL {name} pool process")
 
-    def _kill_worker(self, name: str) -> None:
+    def _kill_whole(self, name: str) -> None:
+        """SIGKILL a worker's main process (then its pool), beat or the receiver; the supervisor
+        starts it again after a delay."""
         with self.lock:
-            self.stack.group.stop(name, kill=True)  # SIGKILL to the main process, then its pool
+            self.stack.group.stop(name, kill=True)
             self.log.worker_kills += 1
-            self.log.kills[f"{name} whole worker"] += 1
-            self._note(f"SIGKILL {name} whole worker")
+            self.log.kills[f"{name} whole" if name in SINGLES else f"{name} whole worker"] += 1
+            self._note(f"SIGKILL {name} whole")
         time.sleep(self.rng.uniform(0.0, 1.0))  # a supervisor's restart delay
         self.supervise()
 
-    def _restart_redis(self) -> None:
-        down_s = self.rng.uniform(*REDIS_DOWN_S)
-        self.log.redis_lost = self.stack.redis.queued()
-        self._note(f"Redis killed with {self.log.redis_lost} queued and unacknowledged tasks, down {down_s:.1f}s")
+    def _lose_for_good(self, name: str) -> None:
+        """A machine lost for good: the worker is SIGKILLed and never started again; its prefetched
+        and running tasks must come back from the broker (or the sweep) to the others."""
+        with self.lock:
+            self.stack.group.retire(name)
+            self.stack.group.stop(name, kill=True)
+            self.log.worker_kills += 1
+            self.log.kills[f"{name} lost for good"] += 1
+            self.log.lost_for_good = name
+            self._note(f"SIGKILL {name} whole, lost for good (never started again)")
+
+    def _restart_broker(self) -> None:
+        down_s = self.rng.uniform(*DOWN_S)
+        broker = self.stack.broker
+        self.log.broker_queued = broker.queued()
+        if broker.kind == "redis":
+            self._note(f"Redis killed with {self.log.broker_queued} queued and unacknowledged tasks, down {down_s:.1f}s")
+        else:
+            self._note(f"RabbitMQ 'restart': every connection dropped and new ones refused for {down_s:.1f}s; "
+                       f"it held {self.log.broker_queued} (kept, the unacknowledged requeued)")
         begun = time.monotonic()
-        self.stack.redis.kill()
+        broker.restart(down_s)
+        self.log.broker_restarts += 1
+        self.log.broker_down_s = time.monotonic() - begun
+        self._note("Redis started again (empty)" if broker.kind == "redis" else "RabbitMQ accepts connections again")
+
+    def _restart_postgres(self) -> None:
+        down_s = self.rng.uniform(*DOWN_S)
+        self._note(f"PostgreSQL crashed (pg_ctl stop -m immediate), down {down_s:.1f}s")
+        begun = time.monotonic()
+        self.stack.postgres.crash()
         time.sleep(down_s)
-        self.stack.redis.start()
-        self.log.redis_restarts += 1
-        self.log.redis_down_s = time.monotonic() - begun
-        self._note("Redis started again (empty)")
+        self.stack.postgres.start()
+        self.log.postgres_restarts += 1
+        self.log.postgres_down_s = time.monotonic() - begun
+        self._note("PostgreSQL started again (recovered from its WAL)")
 
     def supervise(self) -> None:
-        """Start again any worker, consumer, beat or receiver that is not running."""
+        """Start again any worker, consumer, beat or receiver that is not running (not the one
+        lost for good)."""
         with self.lock:
             group = self.stack.group
             group.ensure_running()
-            for name in ("beat", "receiver"):
+            for name in SINGLES:
                 process = group.processes.get(name)
                 if process is None or process.poll() is not None:
                     self.log.supervisor_restarts[name] += 1
-                    self._note(f"{name} found dead (exit {None if process is None else process.returncode}): started again")
+                    why = "after its kill" if process is None else f"found dead (exit {process.returncode})"
+                    self._note(f"{name} started again {why}")
                     group.processes.pop(name, None)
                     if name == "beat":
                         group.start_beat()
@@ -428,6 +597,9 @@ class Row:
     delivery_state: str | None
     fallback_decision: str | None
     fallback_reason: str | None
+    error_kind: str | None
+    created_at: Any  # the hand-over (datetime)
+    fallback_decided_at: Any
     attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -438,12 +610,14 @@ def read_store(engine: sa.Engine) -> dict[str, Row]:
     with engine.connect() as connection:
         for found in connection.execute(sa.select(
                 notifications.c.id, notifications.c.event_id, notifications.c.state, notifications.c.message_id,
-                notifications.c.delivery_state, notifications.c.fallback_decision, notifications.c.fallback_reason)):
+                notifications.c.delivery_state, notifications.c.fallback_decision, notifications.c.fallback_reason,
+                notifications.c.error_kind, notifications.c.created_at, notifications.c.fallback_decided_at)):
             row = Row(*found)
             rows[row.event_id] = by_id[row.id] = row
         for found in connection.execute(sa.select(
                 attempts.c.notification_id, attempts.c.number, attempts.c.state, attempts.c.message_id,
-                attempts.c.error_kind, attempts.c.error_detail, attempts.c.tries, attempts.c.route)):
+                attempts.c.error_kind, attempts.c.error_detail, attempts.c.tries, attempts.c.route,
+                attempts.c.runs, attempts.c.status_at)):
             by_id[found.notification_id].attempts[found.number] = dict(found._mapping)
     return rows
 
@@ -469,6 +643,42 @@ def settled_state(row: Row) -> str | None:
             and (row.fallback_reason or "").startswith(DEADLINE_REASON):
         return None
     return f"{row.state} (attempt {attempt['state']}, decision {row.fallback_decision})"
+
+
+def set_aside(row: Row) -> bool:
+    """Set aside as crash_loop (its send task kept dying): waiting for an operator, never settling."""
+    return row.error_kind == CRASH_LOOP or any(a["error_kind"] == CRASH_LOOP for a in row.attempts.values())
+
+
+def settle_s(row: Row) -> float | None:
+    """Seconds from the hand-over (the notification's created_at) to the moment it became terminal
+    or confirmed, from the store's own times: the later of its current attempt's last status change
+    (status_at) and its fallback decision. For a notification read after it was delivered this is
+    the read, a little after it was confirmed (an upper bound). None while it is not settled."""
+    attempt = current_attempt(row)
+    if settled_state(row) is not None or attempt is None:
+        return None
+    moments = [moment for moment in (attempt.get("status_at"), row.fallback_decided_at) if moment is not None]
+    if not moments or row.created_at is None:
+        return None
+    return max(0.0, float((max(moments) - row.created_at).total_seconds()))
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 and p99 (and the maximum) of settle times, in seconds."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    cuts = statistics.quantiles(ordered, n=100, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 99
+    return {"p50": round(cuts[49], 1), "p99": round(cuts[98], 1), "max": round(ordered[-1], 1)}
+
+
+def error_kinds(rows: dict[str, Row]) -> dict[str, dict[str, int]]:
+    """Notifications by their own error_kind, and by the error kinds any of their attempts ended with."""
+    own = Counter(row.error_kind for row in rows.values() if row.error_kind)
+    any_attempt = Counter(kind for row in rows.values()
+                          for kind in {a["error_kind"] for a in row.attempts.values() if a["error_kind"]})
+    return {"notifications": dict(own.most_common()), "attempts": dict(any_attempt.most_common())}
 
 
 def unprocessed_deliveries(engine: sa.Engine) -> int:
@@ -580,6 +790,23 @@ def check(planned: list[Planned], rows: dict[str, Row], messages: list[dict[str,
             if row.state != expected_state or (attempt["message_id"] is not None and row.message_id != attempt["message_id"]):
                 verdict.add("the notification shows its current attempt", event_id,
                             f"notification {row.state}/{row.message_id}, attempt {attempt['state']}/{attempt['message_id']}")
+        # issue 22: no failure of ours without a message; none set aside as crash_loop
+        for number, attempt_row in sorted(row.attempts.items()):
+            found_here = first if number == 1 else sms
+            if attempt_row["state"] == "failed" and not found_here and (attempt_row["error_kind"] or "?") in OUR_FAILURES:
+                verdict.add("no notification failed without a message but by the workspace", event_id,
+                            f"attempt {number} failed as {attempt_row['error_kind']} with no message in the sandbox")
+        if row.state == "failed" and not first and not sms:
+            kinds = {a["error_kind"] for a in row.attempts.values()}
+            if not kinds or kinds & OUR_FAILURES or None in kinds:
+                verdict.add("no notification failed without a message but by the workspace", event_id,
+                            f"notification failed ({row.error_kind}), attempts {sorted(kinds, key=str)}, no message")
+        if set_aside(row):
+            verdict.add("none set aside as crash_loop", event_id, f"notification {row.state}, error_kind {row.error_kind}")
+        # issue 22: no fallback decided for a first-route message the platform delivered
+        if row.fallback_decision == "fallback" and any(m["status"] in ("delivered", "read") for m in first):
+            verdict.add("no fallback for a message that exists", event_id,
+                        f"decided fallback ({row.fallback_reason}) while the sandbox says {first[0]['status']}")
         # no notification left without a terminal or confirmed state
         unsettled = settled_state(row)
         if unsettled is not None:
@@ -605,7 +832,8 @@ def dump_event(row: Row | None, inboxes: dict[int, list[dict[str, Any]]]) -> str
     """One line about an event for a failure message: states and IDs, never content or phones."""
     if row is None:
         return "not stored"
-    attempts = {number: (a["state"], a["message_id"], a["error_kind"], a["tries"]) for number, a in row.attempts.items()}
+    attempts = {number: (a["state"], a["message_id"], a["error_kind"], a["tries"], a["runs"])
+                for number, a in row.attempts.items()}
     sandbox = {inbox: [(m["id"], m["status"], (m.get("external_error") or "")[:6]) for m in found]
                for inbox, found in inboxes.items()}
     return (f"notification {row.id} {row.state} decision={row.fallback_decision} ({row.fallback_reason}) "

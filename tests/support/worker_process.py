@@ -90,6 +90,15 @@ class ProcessGroup:
                 self.start_worker(name, concurrency=concurrency, queues=queues)
                 self.restarts += 1
 
+    def retire(self, name: str) -> None:
+        """Stop supervising a worker: ``ensure_running`` will not start it again (a machine lost
+        for good). It is not stopped here."""
+        self._worker_options.pop(name, None)
+
+    def supervised(self) -> dict[str, int]:
+        """The workers ``ensure_running`` keeps running, with their pool sizes."""
+        return {name: concurrency for name, (concurrency, _) in self._worker_options.items()}
+
     def start(self, name: str, arguments: list[str]) -> subprocess.Popen[bytes]:
         self._counter += 1
         log_path = self.log_dir / f"{name}-{self._counter}.log"
