@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dispatcher import faults
+from dispatcher import faults, service
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import StateConflict
@@ -156,6 +156,7 @@ def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retr
 
 
 def test_the_retry_command_says_in_one_line_what_is_wrong(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment.setattr(service, "_default", None)  # the command's dispatcher is this test's, and forgotten after
     env = {"DISPATCHER_CONFIG": str(Path(__file__).parents[3] / "config" / "dispatcher.example.toml"),
            "DISPATCHER_DATABASE_URL": f"sqlite:///{tmp_path}/cli.sqlite"}
     result = CliRunner().invoke(cli, ["retry", "no-such-event"], env=env)
