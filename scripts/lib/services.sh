@@ -1,5 +1,6 @@
-# Sourced by scripts/test: make sure PostgreSQL answers on loopback (starting it if not), and that
-# redis-server is installed (the tests start a Redis of their own on a free port).
+# Sourced by scripts/test: make sure PostgreSQL and RabbitMQ answer on loopback (starting them if
+# not), and that redis-server is installed (the tests start a Redis of their own on a free port;
+# on RabbitMQ they make a virtual host of their own and delete it).
 # The start commands are this machine kind's own (Debian packages, no systemd).
 
 answers() { # host port
@@ -24,6 +25,17 @@ ensure_postgres() {
   fi
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
   wait_for PostgreSQL 5432
+}
+
+ensure_rabbitmq() {
+  answers 127.0.0.1 5672 && return 0
+  echo "RabbitMQ is not answering on 127.0.0.1:5672: starting it" >&2
+  if ! command -v rabbitmq-server >/dev/null; then
+    echo "RabbitMQ is not installed (apt-get install rabbitmq-server)" >&2
+    return 1
+  fi
+  rabbitmq-server -detached
+  wait_for RabbitMQ 5672
 }
 
 require_redis_server() {
