@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import threading
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,12 +37,14 @@ import sqlalchemy as sa
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.postgres_server import PrivatePostgres, private_postgres
+from tests.support.rabbitmq_vhost import RABBITMQ_HOST, RABBITMQ_PORT, private_vhost
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.tcp_proxy import TcpProxy
@@ -62,10 +63,8 @@ SINGLES = ("beat", "receiver")  # one process each, killed whole and started aga
 WHOLE_WORKER_SHARE = 0.12  # of kills: the worker's main process (and its pool) instead of one pool process
 MIN_KILL_GAP_S = 0.2  # kills come at uniform random gaps that spread them over the hand-over
 DOWN_S = (1.0, 3.0)  # how long PostgreSQL and the broker stay down at their restart
-RABBITMQ = ("127.0.0.1", 5672)  # the machine's RabbitMQ (shared: reached through a proxy, never restarted)
 # Failures of an attempt without a message that are ours, not the workspace's refusal (issue 22).
 OUR_FAILURES = frozenset({"tries_exhausted", "crash_loop", "outcome_unknown", "internal", "unreachable"})
-CRASH_LOOP = "crash_loop"
 INTAKE_PER_S = 8.0  # notifications handed over per second: about what the senders manage under fire here
 
 # Recipients and templates (the sandbox's default seed decides what happens to them).
@@ -274,13 +273,12 @@ class RabbitBroker:
     kind = "rabbitmq"
 
     def __init__(self) -> None:
-        self.vhost = f"chaos-{uuid.uuid4().hex[:10]}"
-        _rabbitmqctl("add_vhost", self.vhost)
+        self._vhost = contextlib.ExitStack()  # the vhost is deleted when the broker closes, or if the proxy fails to start
         try:
-            _rabbitmqctl("set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*")
-            self.proxy = TcpProxy(*RABBITMQ)
+            self.vhost = self._vhost.enter_context(private_vhost("chaos"))
+            self.proxy = TcpProxy(RABBITMQ_HOST, RABBITMQ_PORT)
         except BaseException:
-            _rabbitmqctl("delete_vhost", self.vhost)
+            self._vhost.close()
             raise
         self.url = f"amqp://guest:guest@127.0.0.1:{self.proxy.port}/{self.vhost}"
 
@@ -307,14 +305,7 @@ class RabbitBroker:
 
     def close(self) -> None:
         self.proxy.close()
-        _rabbitmqctl("delete_vhost", self.vhost)
-
-
-def _rabbitmqctl(*arguments: str) -> None:
-    done = subprocess.run(["rabbitmqctl", "-q", *arguments], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {arguments[0]} failed (is RabbitMQ running on 127.0.0.1:5672?): "
-                           f"{done.stderr.strip()[:200]}")
+        self._vhost.close()
 
 
 # --- the stack ------------------------------------------------------------------------------

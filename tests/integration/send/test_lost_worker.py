@@ -16,7 +16,6 @@ and the faults are lifted.
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -29,6 +28,7 @@ from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.service import Dispatcher
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.rabbitmq_vhost import private_vhost
 from tests.support.sandbox_process import SandboxProcess
 from tests.support.worker_process import (
     FAST_TIMERS,
@@ -53,23 +53,8 @@ HOLD = {"searchContacts": {"latency_s": 1.0, "server_error_share": 0.5}, "create
 @pytest.fixture()
 def rabbitmq_vhost() -> Iterator[str]:
     """A virtual host of this test's own on the machine's RabbitMQ, deleted with everything in it."""
-    vhost = f"test-lost-worker-{uuid.uuid4().hex[:10]}"
-
-    def rabbitmqctl(*arguments: str) -> None:
-        try:
-            done = subprocess.run(["rabbitmqctl", "-q", *arguments], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            pytest.fail(f"rabbitmqctl {arguments[0]} did not run: {type(error).__name__}")
-        if done.returncode != 0:
-            pytest.fail(f"rabbitmqctl {arguments[0]} failed (is RabbitMQ running on 127.0.0.1:5672?): "
-                        f"{done.stderr.strip()[:200]}")
-
-    rabbitmqctl("add_vhost", vhost)
-    try:
-        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    with private_vhost("test-lost-worker") as vhost:
         yield f"{RABBITMQ_URL}/{vhost}"
-    finally:
-        rabbitmqctl("delete_vhost", vhost)
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
