@@ -175,8 +175,11 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
     move_notification = (
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
+        # The notification's record describes its current attempt: where this call goes, and no
+        # message yet (a fallback's claim must not pair the first route's message with its own inbox).
         .values(state=sending, inbox_id=target.inbox_id, channel=target.channel,
-                conversation_id=target.conversation_id, updated_at=now, enqueued_at=now, next_try_at=None)
+                conversation_id=target.conversation_id, message_id=None, accepted_at=None, updated_at=now,
+                enqueued_at=now, next_try_at=None)
     )
     if _one_statement(session):
         taken = take_attempt.returning(ATTEMPTS.c.id).cte("taken")

@@ -13,9 +13,20 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none): the
   notification's send tasks, all calls counted, refused connections not.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
-* ``ended_with_reason``: a failed notification says why (error_kind).
+* ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
+* ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
+  message ID names that message's inbox (its route's), conversation and contact, the message carries
+  its notification's event, and the notification's record names one of its attempts' messages; an
+  attempt in flight names where its call goes and holds a lease; a decision says why and when; a
+  row's ``updated_at`` never runs back and moves whenever its state does.
 
-Liveness: once faults stop, every notification ends (delivered, read or failed) within
+At the end of a run that settled:
+
+* ``stop_honoured``: a recipient whose STOP reply our receiver recorded is suppressed on that channel.
+
+Liveness: once faults stop, every notification ends (delivered, read or failed; for a recipient
+whom no channel ever confirms, ``sent`` by its last route after the single fallback decision,
+which is all the provider will ever say) within
 :data:`SETTLE_BOUND_S` of simulated time; the scheduler reports a run that stops or runs out of
 time before that as ``liveness``.
 """
@@ -128,7 +139,8 @@ def check(world: World) -> list[Violation]:
                                        f"ended tries_exhausted after {reached} calls of its send tasks reached the "
                                        f"workspace ({a.tries} tries counted)"))
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
-    if len(world.handed_over) == len(world.requests) and notifications and all(n.state in ENDED for n in notifications):
+    found += _records_match(world, messages, event_of)
+    if len(world.handed_over) == len(world.requests) and notifications and all(_ended(n, world) for n in notifications):
         if memory.get("all_ended_at") is None:
             memory["all_ended_at"] = world.clock.now
             memory["ends"] = dict(Counter(n.error_kind or n.state for n in notifications))
@@ -138,6 +150,15 @@ def check(world: World) -> list[Violation]:
     else:
         memory["all_ended_at"] = None
     return found
+
+
+def _ended(n: _Row, world: World) -> bool:
+    if n.state in ENDED:
+        return True
+    # The provider never confirms this recipient: after the deadline's single decision, the last
+    # route's message accepted (`sent`) is the end: nothing more will be sent or said.
+    return (n.event_id in world.never_confirmed and n.state == NotificationState.SENT
+            and n.fallback_decision is not None)
 
 
 class _Row(NamedTuple):
@@ -197,4 +218,86 @@ def _opt_outs(world: World, messages: list, attempts: list, suppressions: list, 
                     and claimed is not None and claimed > since):
                 found.append(Violation("no_send_after_opt_out", f"{event_id}: message {message.id} on {channel} was "
                                        f"claimed {(claimed - since).total_seconds():.3f} s after the opt-out"))
+    return found
+
+
+def _records_match(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
+    found: list[Violation] = []
+    by_id = {m.id: m for m in messages}
+    conversations = world.workspace.sandbox.store.conversations
+    channels = {name: route.channel.value for name, route in world.settings.routes.items()}
+    seen: dict[tuple[str, int, int], tuple[str, str]] = world.memory.setdefault("updated", {})
+    messages_of: dict[int, set[int]] = defaultdict(set)
+
+    def moved(side: str, key: tuple[int, int], state: str, updated_at: str, what: str) -> None:
+        before = seen.get((side, *key))
+        seen[(side, *key)] = (state, updated_at)
+        if before is None:
+            return
+        old_state, old_updated = before
+        if as_time(updated_at) < as_time(old_updated):
+            found.append(Violation("record_matches", f"{what}: updated_at ran back"))
+        elif old_state != state and updated_at == old_updated:
+            found.append(Violation("record_matches", f"{what}: {old_state} -> {state} left updated_at as it was"))
+
+    for (nid, number, route, channel, state, inbox_id, contact_id, conversation_id, message_id, tries, runs, claims,
+         lease_until, in_flight_since, accepted_at, error_kind, error_detail, created_at, updated_at) in world.raw.execute(
+            "SELECT notification_id, number, route, channel, state, inbox_id, contact_id, conversation_id, message_id, "
+            "tries, runs, claims, lease_until, in_flight_since, accepted_at, error_kind, error_detail, created_at, "
+            "updated_at FROM attempts"):
+        what = f"{event_of.get(nid)} attempt {number}"
+        moved("a", (nid, number), state, updated_at, what)
+        if channels.get(route) != channel:
+            found.append(Violation("record_matches", f"{what}: channel {channel} is not its route's ({route})"))
+        if min(tries, runs, claims) < 0 or as_time(updated_at) < as_time(created_at):
+            found.append(Violation("record_matches", f"{what}: counts or times out of range"))
+        if state == AttemptState.FAILED and not (error_kind and error_detail):
+            found.append(Violation("ended_with_reason", f"{what} failed without an error_kind and detail"))
+        if state == AttemptState.IN_FLIGHT and None in (inbox_id, contact_id, conversation_id, lease_until, in_flight_since):
+            found.append(Violation("record_matches", f"{what} is in flight without its target or lease"))
+        if state in (AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN) and message_id is not None:
+            found.append(Violation("record_matches", f"{what} is {state} with a message"))
+        if message_id is None:
+            continue
+        messages_of[nid].add(message_id)
+        message = by_id.get(message_id)
+        if message is None or accepted_at is None:
+            found.append(Violation("record_matches", f"{what} names a message the workspace does not have, or no acceptance time"))
+            continue
+        conversation = conversations.get(message.conversation_id)
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        if (message.inbox_id != inbox_id or inbox_id != ROUTE_INBOX.get(route) or conversation is None
+                or conversation.display_id != conversation_id or conversation.contact_id != contact_id
+                or match is None or match.group(1) != event_of.get(nid)):
+            found.append(Violation("record_matches", f"{what}: message {message_id} is not where the attempt says"))
+    for (nid, state, current, message_id, inbox_id, conversation_id, accepted_at, decision, reason, decided_at, error_kind,
+         error_detail, created_at, updated_at) in world.raw.execute(
+            "SELECT id, state, current_attempt, message_id, inbox_id, conversation_id, accepted_at, fallback_decision, "
+            "fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at FROM notifications"):
+        what = str(event_of.get(nid))
+        moved("n", (nid, 0), state, updated_at, what)
+        if as_time(updated_at) < as_time(created_at) or (current is not None and current < 1):
+            found.append(Violation("record_matches", f"{what}: times or current attempt out of range"))
+        if (decision is None) != (decided_at is None) or (decision is not None and not reason):
+            found.append(Violation("record_matches", f"{what}: fallback decision {decision} without its reason or time"))
+        if error_kind is not None and not error_detail:
+            found.append(Violation("ended_with_reason", f"{what}: error_kind {error_kind} without a detail"))
+        if message_id is None:
+            continue
+        message = by_id.get(message_id)
+        if message_id not in messages_of.get(nid, ()) or message is None or accepted_at is None:
+            found.append(Violation("record_matches", f"{what}: message {message_id} is none of its attempts'"))
+        elif message.inbox_id != inbox_id or conversations[message.conversation_id].display_id != conversation_id:
+            found.append(Violation("record_matches", f"{what}: message {message_id} is not where the notification says"))
+    return found
+
+
+def at_end(world: World) -> list[Violation]:
+    found = []
+    suppressed = {(key, channel) for key, channel in world.raw.execute("SELECT recipient_key, channel FROM suppressions")}
+    hashing_key = world.settings.hashing_key
+    for index, channel in sorted(world.stops_recorded):
+        keys = recipient_of({"phone_number": world.requests[index].contact.phone_number}).keys(key=hashing_key)
+        if not any((key, scope) in suppressed for key in keys for scope in (channel, "*")):
+            found.append(Violation("stop_honoured", f"the recipient of ev-{index} replied STOP and is not suppressed on {channel}"))
     return found

@@ -36,7 +36,7 @@ def run(spec: WorldSpec, *, seed: int | None = None, script: list[int] | None = 
     """One run from a seed, or from a script of choices (``strict``: stop where the script ends)."""
     world = World(spec, Choices(seed=seed, script=script, strict=strict), settings=settings_for,
                   template=template_store(), checks=invariants.check, as_time=invariants.as_time,
-                  keep_trace=keep_trace)
+                  keep_trace=keep_trace, finals=invariants.at_end)
     return world.run()
 
 
@@ -90,6 +90,17 @@ WORLDS: dict[str, WorldSpec] = {
                                   call_faults=False, in_transaction_crashes=False, webhook_faults_free=True,
                                   duplicates=False, crash_per_point=True, lost_workers=False,
                                   crash_nodes=frozenset({"worker", "consumer"}), fault_rate=0.5),
+    # Refusals: createMessage and the lookups refused outright (422) besides the transient faults,
+    # and recipients whom the platform, or neither channel, reaches, or who never confirm: attempts
+    # fail before and after a message exists, fallbacks are decided and fail in turn.
+    "refusals": WorldSpec(notifications=3, faults=12, fault_rate=0.25, refusals=True, kind_count=6),
+    # Opt-outs that come before, during and after the claims (the host suppresses, or the recipient
+    # replies STOP in its SMS conversation).
+    "opt-outs": WorldSpec(notifications=3, faults=3, opt_out_each=True, opt_out_within_s=15, kind_count=6),
+    # A send task that keeps dying: set aside after send_max_runs deaths, retried by an operator.
+    "crash-loop": WorldSpec(notifications=1, faults=40, fault_rate=1.0, opt_outs=False, crash_nodes=frozenset({"worker"}),
+                            crash_within_points=2, crash_skip_points=2, in_transaction_crashes=False, duplicates=False, call_faults=False,
+                            webhook_faults=False, operator=True),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from sandbox.app import create_app
-from sandbox.config import SandboxConfig, load_config
+from sandbox.config import RecipientRule, SandboxConfig, load_config
 from sandbox.records import MESSAGE_OUTGOING, MessageRec
 from sandbox.runtime import Sandbox
 from sandbox.webhooks import Delivery, sign
@@ -34,8 +34,16 @@ TOKEN = "sandbox-token-account-1"
 RECEIVER_URL = "http://127.0.0.1:8000/webhooks/messaging"
 WORKSPACE_URL = "http://sandbox.test"
 
-# Fault kinds the scheduler may inject on one API call (0 is "no fault").
-CALL_FAULTS = ("none", "429 retry-after", "429", "500", "401", "404", "connect error", "answer lost")
+# Fault kinds the scheduler may inject on one API call (0 is "no fault"). The last, a refusal the
+# stock workspace answers when a conversation gets too many messages (422), is drawn only in worlds
+# with ``refusals``: the other worlds keep the draws their regression seeds were recorded with.
+CALL_FAULTS = ("none", "429 retry-after", "429", "500", "401", "404", "connect error", "answer lost", "422")
+REFUSAL_FAULTS = 1
+
+# The stock seed's recipient rules, and one more for the simulation: a number neither channel
+# reaches (a landline: the platform and the SMS provider both report it failed), so that a
+# fallback's own failure happens.
+UNREACHABLE_PREFIX = "+1555030"
 
 
 @dataclass(order=True)
@@ -111,8 +119,12 @@ def _drive(coroutine: Any) -> None:
 
 @cache
 def stock_config() -> SandboxConfig:
-    """The stock workspace of the field notes (the sandbox's default), read once per process."""
-    return load_config()
+    """The stock workspace of the field notes (the sandbox's default), read once per process, with
+    the simulation's unreachable number added to its recipient rules."""
+    config = load_config()
+    unreachable = RecipientRule(phone_prefix=UNREACHABLE_PREFIX, inbox_ids=[1, 2], effect="fail",
+                                external_error="30003: Unreachable destination handset")
+    return config.model_copy(update={"recipient_rules": [*config.recipient_rules, unreachable]})
 
 
 class SimWorkspace(httpx.BaseTransport):
@@ -152,6 +164,8 @@ class SimWorkspace(httpx.BaseTransport):
             return httpx.Response(401, json={"error": "Invalid Access Token"}, request=request)
         if fault == "404":
             return httpx.Response(404, json={"error": "Resource could not be found"}, request=request)
+        if fault == "422":
+            return httpx.Response(422, json={"error": "Too many messages"}, request=request)
         status, headers, body = self.asgi(request.method, request.url.raw_path.decode(), request.content,
                                           dict(request.headers))
         if fault == "answer lost":  # the workspace did it; the answer never comes back
@@ -196,11 +210,12 @@ class SimWorkspace(httpx.BaseTransport):
         return {"Content-Type": "application/json", f"X-{prefix}-Delivery": delivery.delivery_id,
                 f"X-{prefix}-Timestamp": timestamp, f"X-{prefix}-Signature": sign(delivery.secret, timestamp, delivery.body)}
 
-    def customer_replies(self, conversation_display_id: int, text: str) -> None:
-        """An incoming message from the customer (a STOP): stored, announced, honoured by the provider."""
+    def customer_replies(self, conversation_display_id: int, text: str) -> int:
+        """An incoming message from the customer (a STOP): stored, announced, honoured by the provider.
+        Returns the message's ID."""
         conversation = self.sandbox.store.conversation(1, conversation_display_id)
         with running(self.loop):
-            self.sandbox.receive_message(conversation, content=text, age_s=0.0)
+            return self.sandbox.receive_message(conversation, content=text, age_s=0.0).id
 
     def outgoing(self) -> list[MessageRec]:
         return [m for m in self.sandbox.store.messages.values() if m.message_type == MESSAGE_OUTGOING]

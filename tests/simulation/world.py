@@ -18,6 +18,7 @@ a recorded list of choices replays a run without its seed (the shrinker edits su
 from __future__ import annotations
 
 import heapq
+import json
 import random
 import sqlite3
 from collections.abc import Callable
@@ -31,8 +32,11 @@ from sqlalchemy.pool import StaticPool
 from dispatcher import faults
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
+from dispatcher.errors import StateConflict
 from dispatcher.intake.accept import accept
 from dispatcher.intake.request import NotificationRequest
+from dispatcher.lifecycle.moves import CRASH_LOOP
+from dispatcher.operations import set_aside
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
 from dispatcher.policy.ratelimit import LocalLimiter
@@ -46,9 +50,12 @@ from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import record_deliveries
 from dispatcher.tracking.webhooks.receiver import delivery_reader
 from tests.simulation.clock import SimClock, simulated_time
-from tests.simulation.workspace import CALL_FAULTS, SimWorkspace
+from tests.simulation.workspace import CALL_FAULTS, REFUSAL_FAULTS, UNREACHABLE_PREFIX, SimWorkspace
 
 SEND, OUTCOME = "send", "outcome"
+STOP_CHANNELS = {2: "sms", 1: "messaging_platform"}  # the inboxes a recipient may reply STOP in, and their channels
+STOP_REPLY_WAITS = 6  # a STOP reply waits up to this many times 10 s for the recipient's SMS conversation
+OPERATOR_DELAY_S = 60.0  # how long a notification stays set aside before the operator retries it
 CRASH_POINTS_PER_RUN = 10
 IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
 
@@ -217,6 +224,7 @@ class HostEvent:
     at: float
     kind: str  # "notify", "suppress", "stop_reply"
     index: int  # the notification (or recipient) it is about
+    waited: int = 0  # a STOP reply put off because the recipient had no SMS conversation yet
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,13 @@ class WorldSpec:
     crash_per_point: bool = False  # a crash is chosen at each point (exhaustive worlds), not once per run
     fixed_host: bool = False  # every event handed over at the start, no opt-out: no choices before the first step
     kinds: tuple[int, ...] = ()  # the notifications' kinds (see World._request); empty: chosen by the seed
+    kind_count: int = 4  # how many kinds the seed chooses among (the first four: the worlds' regression seeds keep theirs)
+    refusals: bool = False  # an API call may also be refused outright (422): attempts and fallbacks fail
+    opt_out_each: bool = False  # every recipient may opt out (else one at most)
+    opt_out_within_s: int = 120  # the opt-out comes this soon after the start (sooner: more of them come before a claim)
+    crash_within_points: int = CRASH_POINTS_PER_RUN  # a run chosen to die dies at one of its first this many points,
+    crash_skip_points: int = 0  # after this many (a crash loop past the inbox listing, in the attempt's own steps)
+    operator: bool = False  # an operator retries notifications set aside (crash_loop), a minute after they are
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -269,7 +284,9 @@ class Outcome:
 class World:
     def __init__(self, spec: WorldSpec, choices: Choices, *, settings: Callable[[str], Settings],
                  template: sqlite3.Connection, checks: Callable[[World], list[Violation]],
-                 as_time: Callable[[object], Any], keep_trace: bool = True) -> None:
+                 as_time: Callable[[object], Any], keep_trace: bool = True,
+                 finals: Callable[[World], list[Violation]] | None = None) -> None:
+        self.finals = finals  # the checks of a run that settled (what must hold once everything is done)
         self.as_time = as_time
         self.spec = spec
         self.choices = choices
@@ -292,12 +309,18 @@ class World:
         self.nodes = [Node(f"worker-{i + 1}", "worker") for i in range(spec.workers)]
         self.nodes += [Node("consumer-1", "consumer"), Node("beat", "beat"), Node("receiver", "receiver"),
                        Node("host", "host")]
+        if spec.operator:
+            self.nodes.append(Node("operator", "operator"))
+        self.set_aside_seen: dict[str, float] = {}  # event ID -> when the operator saw it set aside
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
+        self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
         self.requests = [self._request(i) for i in range(spec.notifications)]
         self.handed_over: set[int] = set()
         self.webhook_copies: set[str] = set()
         self.opted_out_at: dict[int, float] = {}  # recipient index -> when the opt-out was committed
+        self.stop_messages: dict[int, tuple[int, str]] = {}  # a STOP reply's message ID -> (recipient's index, channel)
+        self.stops_recorded: set[tuple[int, str]] = set()  # STOP replies our receiver recorded
         self.checks = checks
         self.violations: list[Violation] = []
         self.memory: dict[str, Any] = {}  # what the invariants remember between steps
@@ -323,19 +346,27 @@ class World:
         events = []
         for index in range(self.spec.notifications):
             events.append(HostEvent(self.clock.now + self.choices.pick(20), "notify", index))
-        if self.spec.opt_outs and self.spec.notifications:
+        if self.spec.opt_outs and self.spec.opt_out_each:
+            for index in range(self.spec.notifications):  # each recipient may opt out, one way or the other
+                if self.choices.pick(2):
+                    kind = ("suppress", "stop_reply")[self.choices.pick(2)]
+                    events.append(HostEvent(self.clock.now + self.choices.pick(self.spec.opt_out_within_s), kind, index))
+        elif self.spec.opt_outs and self.spec.notifications:
             chosen = self.choices.pick(self.spec.notifications + 1)
             if chosen:
                 kind = ("suppress", "stop_reply")[self.choices.pick(2)]
-                events.append(HostEvent(self.clock.now + self.choices.pick(120), kind, chosen - 1))
+                events.append(HostEvent(self.clock.now + self.choices.pick(self.spec.opt_out_within_s), kind, chosen - 1))
         return sorted(events, key=lambda e: (e.at, e.index))
 
     def _request(self, index: int) -> NotificationRequest:
-        # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback
-        kind = self.spec.kinds[index] if self.spec.kinds else self.choices.pick(4)
-        prefix = "+1555010" if kind == 3 else "+1555100"
+        # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback; 4: never confirmed
+        # on either channel (the delivery deadline decides); 5: reached by neither (the fallback fails too)
+        kind = self.spec.kinds[index] if self.spec.kinds else self.choices.pick(self.spec.kind_count)
+        prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX}.get(kind, "+1555100")
         phone = f"{prefix}{index:04d}"
         event_id = f"ev-{index}"
+        if kind == 4:
+            self.never_confirmed.add(event_id)
         body: dict[str, Any] = {
             "event_id": event_id, "contact": {"identifier": f"patient-{index}", "phone_number": phone, "name": "Patient"},
             "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
@@ -394,7 +425,8 @@ class World:
         return value
 
     def _call_fault(self, operation: str) -> int:
-        value = self._fault(len(CALL_FAULTS)) if self.spec.call_faults else 0
+        kinds = len(CALL_FAULTS) - (0 if self.spec.refusals else REFUSAL_FAULTS)
+        value = self._fault(kinds) if self.spec.call_faults else 0
         node = self.running
         if CALL_FAULTS[value] != "connect error" and node is not None and node.task is not None and node.task.kind == SEND:
             # every call a send task made that reached the workspace: the most provider tries it may count
@@ -451,6 +483,8 @@ class World:
         self.violations.extend(self.checks(self))
         while not self.violations:
             if self._finished():
+                if self.finals is not None:
+                    self.violations.extend(self.finals(self))
                 return
             actions = self._enabled()
             if not actions:
@@ -469,7 +503,12 @@ class World:
     def _finished(self) -> bool:
         return (self.memory.get("all_ended_at") is not None and not self.broker.tasks
                 and not any(node.busy for node in self.nodes) and not self.workspace.pending_deliveries()
-                and self.workspace.loop.next_due() is None and len(self.handed_over) == len(self.requests))
+                and self.workspace.loop.next_due() is None and len(self.handed_over) == len(self.requests)
+                and not self._deliveries_unprocessed())
+
+    def _deliveries_unprocessed(self) -> bool:
+        """A recorded webhook delivery the consumer has not finished: the tracking sweep publishes it again."""
+        return self.raw.execute("SELECT 1 FROM webhook_deliveries WHERE processed_at IS NULL LIMIT 1").fetchone() is not None
 
     def _enabled(self) -> list[tuple[str, Callable[[], None]]]:
         now = self.clock.now
@@ -492,18 +531,22 @@ class World:
                 actions.append(("webhook", lambda node=node: self._deliver(node)))
             elif node.kind == "host" and self.host_events and self.host_events[0].at <= now:
                 actions.append(("host", lambda node=node: self._host(node)))
+            elif node.kind == "operator" and (event_id := self._set_aside_due(now)) is not None:
+                actions.append(("operator", lambda node=node, event_id=event_id: self._start(
+                    node, f"retry {event_id}", lambda _node: self._operator_retries(event_id))))
         if self.workspace.loop.next_due() is not None and self.workspace.loop.next_due() <= now:  # type: ignore[operator]
             actions.append(("workspace timers", self.workspace.loop.run_due))
         return actions
 
     def _advance(self) -> bool:
         """Nothing can happen now: move time to the next thing due. False when nothing ever will."""
-        idle_world = self.memory.get("all_ended_at") is not None
+        idle_world = self.memory.get("all_ended_at") is not None and not self._deliveries_unprocessed()
         candidates = [self.broker.next_due(), self.workspace.loop.next_due(),
                       self.host_events[0].at if self.host_events else None]
         candidates += [node.down_until for node in self.nodes if node.down_until is not None]
         if not idle_world:  # once every notification has ended, beat's idle ticks are skipped
             candidates.append(self.next_sweep)
+        candidates += [seen + OPERATOR_DELAY_S for seen in self.set_aside_seen.values()]
         due = min((c for c in candidates if c is not None and c > self.clock.now), default=None)
         if due is None:  # whatever is due now waits for a node that is busy or down: nothing ever frees it
             return False
@@ -518,7 +561,8 @@ class World:
         # A run may die at one of its points, chosen now (one of the first CRASH_POINTS_PER_RUN),
         # so crashes land anywhere in a run, not mostly at its first point.
         may_crash = node.kind in self.spec.crash_nodes and not self.spec.crash_per_point
-        node.crash_at = self._fault(CRASH_POINTS_PER_RUN + 1) if may_crash else 0
+        crash_at = self._fault(self.spec.crash_within_points + 1) if may_crash else 0
+        node.crash_at = crash_at + self.spec.crash_skip_points if crash_at else 0
 
         def body() -> str:
             try:
@@ -627,9 +671,13 @@ class World:
         self.note(f"webhook {self.workspace.describe(delivery)}{' (twice)' if fault == 2 else ''}")
         headers = self.workspace.signed_headers(delivery)
 
+        stop_of = self.stop_messages.get(json.loads(delivery.body).get("id")) if delivery.event == "message_created" else None
+
         def receive(node: Node) -> None:
             recorded = self.read_delivery(headers, delivery.body, self.clock.now)
             (row_id,) = record_deliveries(self.sessions, [recorded])
+            if stop_of is not None:  # recorded (now, or by an earlier copy): the consumer must honour it
+                self.stops_recorded.add(stop_of)
             if row_id is not None:
                 self.enqueue_outcome(row_id)
 
@@ -658,19 +706,48 @@ class World:
             self.opted_out_at.setdefault(host_event.index, self.clock.now)
             self.note(f"host suppressed the recipient of ev-{host_event.index}")
         else:
-            self._stop_reply(host_event.index)
+            self._stop_reply(host_event)
 
-    def _stop_reply(self, index: int) -> None:
-        """The recipient answers STOP in its SMS conversation (when it has one; else the host suppresses)."""
+    def _set_aside_due(self, now: float) -> str | None:
+        """A notification set aside a minute ago or more (the operator looks, finds the cause, retries)."""
+        set_aside = {event_id for (event_id,) in self.raw.execute(
+            "SELECT event_id FROM notifications WHERE error_kind = ?", (CRASH_LOOP,))}
+        for event_id in list(self.set_aside_seen):
+            if event_id not in set_aside:
+                del self.set_aside_seen[event_id]
+        for event_id in sorted(set_aside):
+            seen = self.set_aside_seen.setdefault(event_id, now)
+            if seen + OPERATOR_DELAY_S <= now:
+                return event_id
+        return None
+
+    def _operator_retries(self, event_id: str) -> None:
+        """``dispatcher retry EVENT_ID``: the real operation, as the command line runs it."""
+        try:
+            set_aside.retry(self.sessions, event_id)
+        except StateConflict:  # no longer set aside (a run finished it): the command says so, nothing changes
+            self.note(f"operator: {event_id} is not set aside any more")
+            return
+        self.set_aside_seen.pop(event_id, None)
+        self.note(f"operator retries {event_id}")
+
+    def _stop_reply(self, host_event: HostEvent) -> None:
+        """The recipient answers STOP in its SMS conversation, or else on the platform. Without one yet, the reply comes up to
+        a minute later (when a message may have reached it); then the host suppresses instead."""
+        index = host_event.index
         phone = self.requests[index].contact.phone_number
         store = self.workspace.sandbox.store
-        for conversation in store.conversations.values():
+        for conversation in sorted(store.conversations.values(), key=lambda c: (c.inbox_id != 2, c.id)):  # SMS first
             contact = store.contacts.get(conversation.contact_id)
-            if contact is not None and contact.phone_number == phone and store.inboxes[conversation.inbox_id].id == 2:
-                self.workspace.customer_replies(conversation.display_id, "STOP")
-                self.memory.setdefault("stop_replies", {})[index] = self.clock.now
-                self.note(f"recipient of ev-{index} replies STOP")
+            if contact is not None and contact.phone_number == phone and conversation.inbox_id in STOP_CHANNELS:
+                message_id = self.workspace.customer_replies(conversation.display_id, "STOP")
+                self.stop_messages[message_id] = (index, STOP_CHANNELS[conversation.inbox_id])
+                self.note(f"recipient of ev-{index} replies STOP in inbox {conversation.inbox_id}")
                 return
+        if host_event.waited < STOP_REPLY_WAITS:
+            later = HostEvent(self.clock.now + 10.0, "stop_reply", index, host_event.waited + 1)
+            self.host_events = sorted([*self.host_events, later], key=lambda e: (e.at, e.index))
+            return
         Recipients(self.sessions, self.settings).suppress({"phone_number": phone})
         self.opted_out_at.setdefault(index, self.clock.now)
         self.note(f"host suppressed the recipient of ev-{index} (no SMS conversation to reply in)")
