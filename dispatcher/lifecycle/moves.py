@@ -155,6 +155,18 @@ def _claimable(attempt_id: int, seen_claims: int, now: datetime) -> Any:
     )
 
 
+def _held(attempt_id: int, seen_claims: int | None, now: datetime) -> Any:
+    """The attempt is the calling run's to move on: nobody claimed it since the run read it
+    (``seen_claims``: its claims as the run knows them, its own claim included). A refusal, a pause
+    or a lost answer that one run met must not move an attempt another run has since claimed and
+    is sending: that run's message would go unrecorded, and a fallback or a resend follow it.
+    None: the caller did not read the attempt; then only no live lease of another run stops it."""
+    if seen_claims is not None:
+        return and_(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.claims == seen_claims)
+    return and_(ATTEMPTS.c.id == attempt_id,
+                or_(ATTEMPTS.c.state != AttemptState.IN_FLIGHT, ATTEMPTS.c.lease_until < now))
+
+
 def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: bool, target: Target, now: datetime,
           lease_until: datetime, seen_claims: int, refused_when: Any = None) -> bool:
     """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease,
@@ -190,37 +202,39 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
     return True
 
 
-def release(session: Session, *, attempt_id: int, now: datetime) -> bool:
+def release(session: Session, *, attempt_id: int, seen_claims: int, now: datetime) -> bool:
     """createMessage was not made, or was refused in a way a later try may get past: queued again."""
     return _won(session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("release", "attempt", AttemptState.QUEUED)))
+        .where(_held(attempt_id, seen_claims, now),
+               ATTEMPTS.c.state.in_(_starts_for("release", "attempt", AttemptState.QUEUED)))
         .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now)
     ))
 
 
-def mark_unknown(session: Session, *, attempt_id: int, now: datetime, no_resend_reason: str | None = None) -> bool:
+def mark_unknown(session: Session, *, attempt_id: int, seen_claims: int, now: datetime,
+                 no_resend_reason: str | None = None) -> bool:
     """createMessage ended without an answer. ``no_resend_reason``: the next run looks, never resends."""
     values: dict[str, Any] = {"state": AttemptState.UNKNOWN, "lease_until": None, "updated_at": now}
     if no_resend_reason is not None:
         values["error_kind"] = no_resend_reason
     return _won(session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id,
+        .where(_held(attempt_id, seen_claims, now),
                ATTEMPTS.c.state.in_(_starts_for("mark_unknown", "attempt", AttemptState.UNKNOWN)))
         .values(**values)
     ))
 
 
-def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: int | None, reason: str, detail: str,
-                       now: datetime) -> None:
+def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: int | None, seen_claims: int | None,
+                       reason: str, detail: str, now: datetime) -> None:
     """The workspace refused the token or could not be reached: the attempt (if the run had one)
     goes back to queued (no try was counted: the call never got an answer that could fail it),
     and the notification shows why it waits."""
     if attempt_id is not None:
         session.execute(
             update(ATTEMPTS)
-            .where(ATTEMPTS.c.id == attempt_id,
+            .where(_held(attempt_id, seen_claims, now),
                    ATTEMPTS.c.state.in_(_starts_for("wait_for_workspace", "attempt", AttemptState.QUEUED)))
             .values(state=AttemptState.QUEUED, lease_until=None, updated_at=now)
         )
@@ -292,22 +306,25 @@ def retry_set_aside(session: Session, *, notification_id: int, now: datetime) ->
 RE_RESOLVING = "re_resolving"  # the attempt's error_kind while it looks its contact up again, once
 
 
-def re_resolve(session: Session, *, attempt_id: int, now: datetime) -> bool:
+def re_resolve(session: Session, *, attempt_id: int, seen_claims: int, now: datetime) -> bool:
     """A 404 for a stored contact or conversation: back to queued, marked, so a second 404 ends it."""
     return _won(session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("re_resolve", "attempt", AttemptState.QUEUED)),
+        .where(_held(attempt_id, seen_claims, now),
+               ATTEMPTS.c.state.in_(_starts_for("re_resolve", "attempt", AttemptState.QUEUED)),
                or_(ATTEMPTS.c.error_kind.is_(None), ATTEMPTS.c.error_kind != RE_RESOLVING))
         .values(state=AttemptState.QUEUED, lease_until=None, error_kind=RE_RESOLVING, updated_at=now)
     ))
 
 
-def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
-                 now: datetime) -> bool:
-    """The attempt ends without a message; the notification keeps the reason (its decision follows)."""
+def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, seen_claims: int | None, error_kind: str,
+                 detail: str, now: datetime) -> bool:
+    """The attempt ends without a message; the notification keeps the reason (its decision follows).
+    False: the attempt moved on, or another run has claimed it since this one read it."""
     moved = session.execute(
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("fail_attempt", "attempt", AttemptState.FAILED)))
+        .where(_held(attempt_id, seen_claims, now),
+               ATTEMPTS.c.state.in_(_starts_for("fail_attempt", "attempt", AttemptState.FAILED)))
         .values(state=AttemptState.FAILED, error_kind=error_kind,
                 error_detail=_detail(detail), lease_until=None, status_at=now, updated_at=now)
     )

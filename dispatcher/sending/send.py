@@ -110,7 +110,7 @@ class _Job:
     conversation_id: int | None
     content_hash: str | None
     in_flight_since: Any
-    claims: int  # the attempt's claims as this run read them: its own claim must find the same count
+    claims: int  # the attempt's claims as this run knows them (read, then its own claim): moves it makes check them
     category: str = "service"  # what the recipient may have opted out of, besides the channel
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
     re_resolved: bool = False  # a 404 already made this attempt forget its contact once
@@ -214,15 +214,15 @@ def _waited(wait: Wait, job: _Job, ctx: SendContext) -> SendResult:
     return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
 
 
-def _pause_workspace(decision: Decision, notification_id: int, attempt_id: int | None, ctx: SendContext) -> SendResult:
+def _pause_workspace(decision: Decision, notification_id: int, held: _Job | None, ctx: SendContext) -> SendResult:
     """The policy said: the workspace refuses our token or cannot be reached. Trip the breaker for
-    every worker, and wait (not fail)."""
+    every worker, and wait (not fail). ``held``: the run's job, when its attempt goes back to queued."""
     pause, opened = ctx.breaker.trip(decision.error_kind, decision.reason)
     if opened:  # one line per pause, not one per notification
         log.warning("workspace paused for every worker: %s; trying again in %.0f s",
                     pause.reason, max(pause.until - time.time(), 0.0))
         metrics.WORKSPACE_PAUSES.labels(reason=pause.reason).inc()
-    return _wait_for_workspace(notification_id, attempt_id, pause, ctx)
+    return _wait_for_workspace(notification_id, held, pause, ctx)
 
 
 def _breaker_closed(ctx: SendContext) -> None:
@@ -230,7 +230,7 @@ def _breaker_closed(ctx: SendContext) -> None:
         log.warning("workspace answers again: every worker goes on sending")
 
 
-def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pause, ctx: SendContext) -> SendResult:
+def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, ctx: SendContext) -> SendResult:
     """Record why the notification waits and hand it back for when the pause ends; past its send
     deadline it fails with that reason instead (nothing is lost before then)."""
     now = ctx.clock()
@@ -239,7 +239,9 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
         if row is None or row.state not in SENDABLE_NOTIFICATION_STATES:
             return SendResult(Outcome.SKIPPED, "nothing to send")
         if not _past_deadline(row.created_at, row.send_at, now=now, deadline_s=ctx.settings.send_deadline_s):
-            moves.wait_for_workspace(session, notification_id=notification_id, attempt_id=attempt_id,
+            moves.wait_for_workspace(session, notification_id=notification_id,
+                                     attempt_id=held.attempt_id if held else None,
+                                     seen_claims=held.claims if held else None,
                                      reason=pause.reason, detail=pause.detail, now=now)
             wait_s = max(pause.until - time.time(), 1.0)
             return SendResult(Outcome.RETRY, f"workspace paused ({pause.reason})", delay_s=wait_s, deferred=True,
@@ -249,6 +251,7 @@ def _wait_for_workspace(notification_id: int, attempt_id: int | None, pause: Pau
         attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
                                      channel=route.channel.value if route else "unknown", now=now)
         moved = moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt.id,
+                                   seen_claims=held.claims if held and held.attempt_id == attempt.id else None,
                                    error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
     if moved:
         detail = f"past the send deadline: {pause.detail}"
@@ -375,7 +378,7 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
         return job  # the slow path fails it with the error recorded
     if not _mark_in_flight(session, job, ctx, target, body, now=now):
         return job
-    return replace(job, started=target, body=body)
+    return replace(job, started=target, body=body, claims=job.claims + 1)  # its own claim: the attempt is this run's
 
 
 def _recipient_said_no(session: Session, job: _Job, ctx: SendContext, *, now: datetime) -> SendResult | None:
@@ -479,7 +482,7 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
         return blocked
     if not taken:
         return SendResult(Outcome.SKIPPED, "another worker claimed the attempt since this run read it")
-    return _create_message(job, ctx, conversation_id, body)
+    return _create_message(replace(job, claims=job.claims + 1), ctx, conversation_id, body)  # its own claim counted
 
 
 def _create_message(job: _Job, ctx: SendContext, conversation_id: int, body: MessageBody) -> SendResult:
@@ -577,7 +580,7 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
     with ctx.sessions.begin() as session:
         store.forget_contact(session, account_id=ctx.settings.account_id,
                              keys=contact_keys(job.contact, key=ctx.settings.hashing_key))
-        if not moves.re_resolve(session, attempt_id=job.attempt_id, now=ctx.clock()):
+        if not moves.re_resolve(session, attempt_id=job.attempt_id, seen_claims=job.claims, now=ctx.clock()):
             return None
     log.info("attempt %s: the workspace no longer has its contact or conversation (%s); resolving again",
              job.attempt_id, error.operation)
@@ -588,12 +591,12 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
 def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendResult:
     decision = _decide(error, job, ctx)
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:  # refused or never connected: nothing was sent
-        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
+        return _pause_workspace(decision, job.notification_id, job, ctx)
     if error.ambiguous:
         # It may exist: the next run looks before it sends (state unknown skips the lease wait). The
         # policy never gives up blind on an ambiguous write: its answer here is "look first".
         with ctx.sessions.begin() as session:
-            moves.mark_unknown(session, attempt_id=job.attempt_id, now=ctx.clock(),
+            moves.mark_unknown(session, attempt_id=job.attempt_id, seen_claims=job.claims, now=ctx.clock(),
                                no_resend_reason=None if decision.resend_allowed else decision.error_kind)
     elif decision.kind is not DecisionKind.GIVE_UP:
         _release(job, ctx)
@@ -602,7 +605,7 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
 
 def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
-        return _pause_workspace(decision, job.notification_id, job.attempt_id, ctx)
+        return _pause_workspace(decision, job.notification_id, job, ctx)
     if decision.pause_s > 0:
         ctx.limiter.pause(decision.pause_s)
     if decision.kind is DecisionKind.GIVE_UP:
@@ -612,7 +615,7 @@ def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
 
 def _release(job: _Job, ctx: SendContext) -> bool:
     with ctx.sessions.begin() as session:
-        return moves.release(session, attempt_id=job.attempt_id, now=ctx.clock())
+        return moves.release(session, attempt_id=job.attempt_id, seen_claims=job.claims, now=ctx.clock())
 
 
 def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: Outcome) -> SendResult:
@@ -650,11 +653,14 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str, *, looked: 
         return found
     with ctx.sessions.begin() as session:
         moved = moves.fail_attempt(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
-                                   error_kind=error_kind, detail=detail, now=ctx.clock())
+                                   seen_claims=job.claims, error_kind=error_kind, detail=detail, now=ctx.clock())
+    if not moved:  # another run claimed the attempt since this one read it (or ended it): it is that run's
+        log.info("attempt %s of notification %s: %s, but another run has it", job.attempt_number, job.notification_id,
+                 error_kind)
+        return SendResult(Outcome.SKIPPED, f"{error_kind}, but the attempt moved on since this run read it")
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
-    if moved:
-        if job.purpose is AttemptPurpose.FALLBACK:
-            tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
-        else:
-            tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
+    if job.purpose is AttemptPurpose.FALLBACK:
+        tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
+    else:
+        tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

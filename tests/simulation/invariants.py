@@ -2,7 +2,9 @@
 
 Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 
-* ``one_message``: at most one message per event and route in the workspace.
+* ``one_message``: at most one message per event and route in the workspace; besides it, at most
+  one free text the platform refused outside the service window (131047), which the approved
+  template then replaced (the lifecycle's ``resend_as_template``).
 * ``one_fallback``: the fallback decision is written once and never changes; at most one fallback attempt.
 * ``forward_only``: a notification's and an attempt's state only take the lifecycle table's edges
   (dispatcher/lifecycle/table.py, its own MOVES: read, not copied), possibly several in one step.
@@ -23,6 +25,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 At the end of a run that settled:
 
 * ``stop_honoured``: a recipient whose STOP reply our receiver recorded is suppressed on that channel.
+* ``message_known``: every message the workspace holds for an event is the recorded message of one
+  of its notification's attempts on that inbox, unless that attempt ended ``outcome_unknown`` (it
+  says it may exist). A message sent while its attempt was failed by another run would be unknown.
 
 Liveness: once faults stop, every notification ends (delivered, read or failed; for a recipient
 whom no channel ever confirms, ``sent`` by its last route after the single fallback decision,
@@ -44,6 +49,7 @@ from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
 from tests.simulation.world import Violation, World
 
+WINDOW_CLOSED = "131047"
 ENDED = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
 EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
 ROUTE_INBOX = {"reminders": 1, "sms": 2}
@@ -88,13 +94,20 @@ def check(world: World) -> list[Violation]:
     memory = world.memory
     messages = world.workspace.outgoing()
     per_route = Counter()
+    refused_free_text = Counter()
     for message in messages:
         match = EVENT_IN_CONTENT.match(message.content or "")
         if match:
-            per_route[(match.group(1), message.inbox_id)] += 1
+            if message.template_params is None and (message.external_error or "").startswith(WINDOW_CLOSED):
+                refused_free_text[(match.group(1), message.inbox_id)] += 1  # the platform refused it: nobody got it
+            else:
+                per_route[(match.group(1), message.inbox_id)] += 1
     for (event_id, inbox_id), count in per_route.items():
         if count > 1:
             found.append(Violation("one_message", f"{event_id} has {count} messages in inbox {inbox_id}"))
+    for (event_id, inbox_id), count in refused_free_text.items():
+        if count > 1:
+            found.append(Violation("one_message", f"{event_id} has {count} free texts refused with 131047 in inbox {inbox_id}"))
     raw = world.raw  # plain SQL on the run's own connection: the checks cost little beside the real code
     notifications = [_Row(*row) for row in raw.execute(
         "SELECT id, event_id, state, error_kind, fallback_decision, route FROM notifications")]
@@ -293,11 +306,33 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
 
 
 def at_end(world: World) -> list[Violation]:
-    found = []
+    found = _every_message_known(world)
     suppressed = {(key, channel) for key, channel in world.raw.execute("SELECT recipient_key, channel FROM suppressions")}
     hashing_key = world.settings.hashing_key
     for index, channel in sorted(world.stops_recorded):
         keys = recipient_of({"phone_number": world.requests[index].contact.phone_number}).keys(key=hashing_key)
         if not any((key, scope) in suppressed for key in keys for scope in (channel, "*")):
             found.append(Violation("stop_honoured", f"the recipient of ev-{index} replied STOP and is not suppressed on {channel}"))
+    return found
+
+
+def _every_message_known(world: World) -> list[Violation]:
+    found = []
+    recorded: dict[tuple[str, int], set[int]] = defaultdict(set)
+    unknown: set[tuple[str, int]] = set()
+    for event_id, route, message_id, error_kind in world.raw.execute(
+            "SELECT n.event_id, a.route, a.message_id, a.error_kind FROM attempts a "
+            "JOIN notifications n ON n.id = a.notification_id"):
+        inbox = ROUTE_INBOX.get(route, 0)
+        if message_id is not None:
+            recorded[(event_id, inbox)].add(message_id)
+        if error_kind == "outcome_unknown":
+            unknown.add((event_id, inbox))
+    for message in world.workspace.outgoing():
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        if match is None:
+            continue
+        key = (match.group(1), message.inbox_id)
+        if message.id not in recorded[key] and key not in unknown:
+            found.append(Violation("message_known", f"{key[0]}: message {message.id} in inbox {key[1]} is no attempt's"))
     return found

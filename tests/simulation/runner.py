@@ -101,6 +101,12 @@ WORLDS: dict[str, WorldSpec] = {
     "crash-loop": WorldSpec(notifications=1, faults=40, fault_rate=1.0, opt_outs=False, crash_nodes=frozenset({"worker"}),
                             crash_within_points=2, crash_skip_points=2, in_transaction_crashes=False, duplicates=False, call_faults=False,
                             webhook_faults=False, operator=True),
+    # Lost answers: createMessage and the reads that look for its message fail often (answers lost,
+    # refused, throttled), to patients whose service window closes as they are sent, so that the
+    # look before a resend, its own failures and the 131047 resend as a template meet.
+    "lost-answers": WorldSpec(notifications=2, faults=10, fault_rate=0.5, opt_outs=False, kinds=(6, 6),
+                              call_fault_operations=("/messages",), crash_nodes=frozenset(), duplicates=False,
+                              webhook_faults=False, in_transaction_crashes=False),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -217,6 +217,21 @@ class SimWorkspace(httpx.BaseTransport):
         with running(self.loop):
             return self.sandbox.receive_message(conversation, content=text, age_s=0.0).id
 
+    def customer_wrote(self, *, name: str, phone_number: str, identifier: str, age_s: float) -> None:
+        """The contact wrote to the platform inbox ``age_s`` ago (before the run): the contact, its
+        conversation and the incoming message exist, the service window is open until 24 hours after
+        it, and its ``message_created`` waits for our receiver like any delivery."""
+        store = self.sandbox.store
+        contact = store.create_contact(1, name=name, phone_number=phone_number, email=None, identifier=identifier)
+        conversation, _ = store.create_conversation(1, store.bind_for_creation(contact, store.inboxes[1]), status="open",
+                                                    custom_attributes={}, additional_attributes={})
+        with running(self.loop):
+            self.sandbox.receive_message(conversation, content="Hello", age_s=age_s)
+
+    @property
+    def service_window_s(self) -> float:
+        return self.sandbox.config.behaviour.service_window_s
+
     def outgoing(self) -> list[MessageRec]:
         return [m for m in self.sandbox.store.messages.values() if m.message_type == MESSAGE_OUTGOING]
 

@@ -56,6 +56,9 @@ SEND, OUTCOME = "send", "outcome"
 STOP_CHANNELS = {2: "sms", 1: "messaging_platform"}  # the inboxes a recipient may reply STOP in, and their channels
 STOP_REPLY_WAITS = 6  # a STOP reply waits up to this many times 10 s for the recipient's SMS conversation
 OPERATOR_DELAY_S = 60.0  # how long a notification stays set aside before the operator retries it
+# Kind 6: the service window closes 0 to 55 ms after the hand-over, in 5 ms steps: about as long as
+# a run takes (a step is a millisecond) from reading the window to its createMessage call.
+WINDOW_CLOSE_STEP_S, WINDOW_CLOSE_STEPS = 0.005, 12
 CRASH_POINTS_PER_RUN = 10
 IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
 
@@ -252,6 +255,7 @@ class WorldSpec:
     opt_out_within_s: int = 120  # the opt-out comes this soon after the start (sooner: more of them come before a claim)
     crash_within_points: int = CRASH_POINTS_PER_RUN  # a run chosen to die dies at one of its first this many points,
     crash_skip_points: int = 0  # after this many (a crash loop past the inbox listing, in the attempt's own steps)
+    call_fault_operations: tuple[str, ...] = ()  # faults only on calls whose path holds one of these (empty: every call)
     operator: bool = False  # an operator retries notifications set aside (crash_loop), a minute after they are
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
@@ -360,13 +364,20 @@ class World:
 
     def _request(self, index: int) -> NotificationRequest:
         # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback; 4: never confirmed
-        # on either channel (the delivery deadline decides); 5: reached by neither (the fallback fails too)
+        # on either channel (the delivery deadline decides); 5: reached by neither (the fallback fails
+        # too); 6: WhatsApp, to a patient whose last message's service window closes within milliseconds of
+        # the hand-over (free text may be refused with 131047: the approved template goes instead)
         kind = self.spec.kinds[index] if self.spec.kinds else self.choices.pick(self.spec.kind_count)
         prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX}.get(kind, "+1555100")
         phone = f"{prefix}{index:04d}"
         event_id = f"ev-{index}"
         if kind == 4:
             self.never_confirmed.add(event_id)
+        if kind == 6:
+            handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
+            closes_in = handed_over_at - self.clock.now + WINDOW_CLOSE_STEP_S * self.choices.pick(WINDOW_CLOSE_STEPS)
+            self.workspace.customer_wrote(name="Patient", phone_number=phone, identifier=f"patient-{index}",
+                                          age_s=self.workspace.service_window_s - closes_in)
         body: dict[str, Any] = {
             "event_id": event_id, "contact": {"identifier": f"patient-{index}", "phone_number": phone, "name": "Patient"},
             "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
@@ -426,7 +437,8 @@ class World:
 
     def _call_fault(self, operation: str) -> int:
         kinds = len(CALL_FAULTS) - (0 if self.spec.refusals else REFUSAL_FAULTS)
-        value = self._fault(kinds) if self.spec.call_faults else 0
+        targeted = not self.spec.call_fault_operations or any(part in operation for part in self.spec.call_fault_operations)
+        value = self._fault(kinds) if self.spec.call_faults and targeted else 0
         node = self.running
         if CALL_FAULTS[value] != "connect error" and node is not None and node.task is not None and node.task.kind == SEND:
             # every call a send task made that reached the workspace: the most provider tries it may count

@@ -137,9 +137,9 @@ class Lifecycle(RuleBasedStateMachine):
             _, attempt = self._current(session)
             if attempt is not None:
                 if ambiguous:
-                    moves.mark_unknown(session, attempt_id=attempt.id, now=self.now)
+                    moves.mark_unknown(session, attempt_id=attempt.id, seen_claims=attempt.claims, now=self.now)
                 else:
-                    moves.release(session, attempt_id=attempt.id, now=self.now)
+                    moves.release(session, attempt_id=attempt.id, seen_claims=attempt.claims, now=self.now)
 
     @rule(status=st.sampled_from([AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED]))
     def a_worker_records_the_acceptance(self, status: AttemptState) -> None:
@@ -154,7 +154,8 @@ class Lifecycle(RuleBasedStateMachine):
         with self.sessions.begin() as session:
             _, attempt = self._current(session)
             if attempt is not None and moves.fail_attempt(session, notification_id=self.notification_id,
-                                                          attempt_id=attempt.id, error_kind=kind, detail=f"{kind} here",
+                                                          attempt_id=attempt.id, seen_claims=attempt.claims,
+                                                          error_kind=kind, detail=f"{kind} here",
                                                           now=self.now):
                 self._decide_or_end(session, attempt.purpose, kind, f"{kind} here")
 
@@ -307,6 +308,6 @@ def test_every_order_of_two_workers_that_read_claim_and_lose_the_answer(
                     if won[worker]:
                         assert claims_won == seen_won, f"a stale claim won in the order {order}"
                         claims_won += 1
-                elif won[worker]:
-                    assert moves.mark_unknown(session, attempt_id=attempt_id, now=START)
+                elif won[worker]:  # its answer is lost: it holds the claim it won (the one after what it read)
+                    assert moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=read_at[worker][0] + 1, now=START)
         assert claims_won >= 1, f"nobody could claim in the order {order}"

@@ -127,7 +127,7 @@ def test_a_worker_that_read_the_attempt_before_another_claim_cannot_claim_it(ses
     with sessions.begin() as session:  # the first claims; its call's answer is lost (the message may exist)
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                            target=TARGET, now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
-        assert moves.mark_unknown(session, attempt_id=attempt_id, now=NOW)
+        assert moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=1, now=NOW)
     with sessions.begin() as session:  # the second, on what it read before: refused, it did not look since
         assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                                target=TARGET, now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
@@ -153,14 +153,46 @@ def test_claim_of_the_fallback_keeps_falling_back_and_refuses_an_ended_attempt(s
 def test_release_and_mark_unknown_only_from_in_flight(sessions: sessionmaker[Session]) -> None:
     notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
     with sessions.begin() as session:
-        assert moves.mark_unknown(session, attempt_id=attempt_id, now=NOW, no_resend_reason="unreadable_answer")
-        assert not moves.release(session, attempt_id=attempt_id, now=NOW)  # it is unknown now, not in flight
+        assert moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=0, now=NOW,
+                                  no_resend_reason="unreadable_answer")
+        assert not moves.release(session, attempt_id=attempt_id, seen_claims=0, now=NOW)  # it is unknown now, not in flight
     assert states(sessions, notification_id) == (N.SENDING, [A.UNKNOWN])
     other, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)
     with sessions.begin() as session:
-        assert moves.release(session, attempt_id=in_flight, now=NOW)
-        assert not moves.mark_unknown(session, attempt_id=in_flight, now=NOW)
+        assert moves.release(session, attempt_id=in_flight, seen_claims=0, now=NOW)
+        assert not moves.mark_unknown(session, attempt_id=in_flight, seen_claims=0, now=NOW)
     assert states(sessions, other) == (N.SENDING, [A.QUEUED])
+
+
+def test_a_run_cannot_move_an_attempt_another_run_claimed_since_it_read_it(sessions: sessionmaker[Session]) -> None:
+    # One run read the attempt queued (claims 0) and is still looking the contact up; another
+    # claims it (claims 1) and calls createMessage. What the first run meets (a refusal, a 404,
+    # a refused token, a lost answer) is about its own calls: the attempt stays the other run's.
+    notification_id, [attempt_id] = put(sessions, N.QUEUED, A.QUEUED)
+    lease = NOW + timedelta(seconds=45)
+    with sessions.begin() as session:
+        assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
+                           target=TARGET, now=NOW, lease_until=lease, seen_claims=0)
+    with sessions.begin() as session:
+        assert not moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt_id, seen_claims=0,
+                                      error_kind="rejected", detail="422", now=NOW)
+        assert not moves.re_resolve(session, attempt_id=attempt_id, seen_claims=0, now=NOW)
+        assert not moves.release(session, attempt_id=attempt_id, seen_claims=0, now=NOW)
+        assert not moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=0, now=NOW)
+        moves.wait_for_workspace(session, notification_id=notification_id, attempt_id=attempt_id, seen_claims=0,
+                                 reason="auth", detail="401", now=NOW)
+        # a caller that never read it (past the send deadline) leaves it while the lease lives
+        assert not moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt_id, seen_claims=None,
+                                      error_kind="auth", detail="past the send deadline", now=NOW)
+    assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])
+    with sessions.begin() as session:  # the run that holds the claim may end it
+        assert moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt_id, seen_claims=1,
+                                  error_kind="rejected", detail="422", now=NOW)
+    assert states(sessions, notification_id) == (N.SENDING, [A.FAILED])
+    other, [expired] = put(sessions, N.SENDING, A.IN_FLIGHT, lease_until=NOW - timedelta(seconds=1))
+    with sessions.begin() as session:  # a lease that ran out holds nothing
+        assert moves.fail_attempt(session, notification_id=other, attempt_id=expired, seen_claims=None,
+                                  error_kind="auth", detail="past the send deadline", now=NOW)
 
 
 def _counts(sessions: sessionmaker[Session], attempt_id: int) -> tuple[int, int]:
@@ -256,9 +288,9 @@ def test_a_failure_ends_the_attempt_and_leaves_the_notification_to_the_decision(
     assert states(sessions, notification_id) == (N.SENT, [A.FAILED])
     refused, [queued] = put(sessions, N.QUEUED, A.QUEUED)
     with sessions.begin() as session:
-        assert moves.fail_attempt(session, notification_id=refused, attempt_id=queued, error_kind="not_contactable",
+        assert moves.fail_attempt(session, notification_id=refused, attempt_id=queued, seen_claims=0, error_kind="not_contactable",
                                   detail="the contact has no phone number", now=NOW)
-        assert not moves.fail_attempt(session, notification_id=refused, attempt_id=queued, error_kind="again", detail="",
+        assert not moves.fail_attempt(session, notification_id=refused, attempt_id=queued, seen_claims=0, error_kind="again", detail="",
                                       now=NOW)
     assert states(sessions, refused) == (N.QUEUED, [A.FAILED])
     assert notification_of(sessions, refused).error_kind == "not_contactable"
