@@ -64,6 +64,10 @@ DECIDABLE = (N.QUEUED, N.SENDING, N.ACCEPTED, N.SENT, N.DELIVERED)  # the first 
 UNDELIVERED = (N.ACCEPTED, N.SENT)  # the first attempt's message exists, no delivery report yet
 AFTER_FALLBACK = (N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)  # the fallback's attempt, not yet settled
 
+# A run's own moves on an attempt it read: another run's claim since makes the attempt that run's
+# (the moves check the claims the run knows, its own claim included).
+HELD = "by the run that holds it: nobody claimed it since that run read it"
+
 MOVES: dict[str, Move] = {
     move.name: move
     for move in (
@@ -79,9 +83,9 @@ MOVES: dict[str, Move] = {
                            "nobody claimed it since this worker read it; the recipient has not opted out"),
              notification=edges((N.QUEUED, [N.SENDING]), (N.SENDING, [N.SENDING]), (N.FALLING_BACK, [N.FALLING_BACK]))),
         Move("release", "createMessage was not made (a limiter wait), or refused and may be tried again",
-             attempt=every([A.IN_FLIGHT], [A.QUEUED])),
+             attempt=every([A.IN_FLIGHT], [A.QUEUED], HELD)),
         Move("mark_unknown", "createMessage ended without an answer: look for the message before any resend",
-             attempt=every([A.IN_FLIGHT], [A.UNKNOWN])),
+             attempt=every([A.IN_FLIGHT], [A.UNKNOWN], HELD)),
         Move("accept", "the workspace took the message (answered, or found after an unknown outcome)",
              attempt=every(SENDABLE_ATTEMPT_STATES, ACCEPTED),
              notification=every(SENDABLE_NOTIFICATION_STATES, ACCEPTED)),
@@ -91,7 +95,7 @@ MOVES: dict[str, Move] = {
              notification=edges((N.ACCEPTED, [N.SENT, N.DELIVERED, N.READ]), (N.SENT, [N.DELIVERED, N.READ]),
                                 (N.DELIVERED, [N.READ]), guard="when the attempt is the current one and did not fail")),
         Move("wait_for_workspace", "the workspace refuses the token or cannot be reached: wait, saying why; the try is not counted",
-             attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="createMessage was refused or never left"),
+             attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="createMessage was refused or never left; " + HELD),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records why it waits")),
         Move("count_try", "a call reached the workspace and failed (answered, refused or timed out): one provider try",
              attempt=kept(SENDABLE_ATTEMPT_STATES, "never past retry_max_tries")),
@@ -104,9 +108,9 @@ MOVES: dict[str, Move] = {
              notification=kept(SENDABLE_NOTIFICATION_STATES, "only one set aside"),
              attempt=kept(SENDABLE_ATTEMPT_STATES)),
         Move("re_resolve", "the workspace no longer has the stored contact or conversation (404): forget them, try once more",
-             attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="once per attempt; nothing was sent")),
+             attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="once per attempt; nothing was sent; " + HELD)),
         Move("fail_attempt", "the attempt ends without a message (refused, not contactable, tries used up)",
-             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED]),
+             attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED], HELD + " (or, unread, under no live lease)"),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records the reason; the decision moves the state")),
         Move("decide_fallback", "the single fallback decision after a failed attempt: fall back, or end as failed",
              notification=every(DECIDABLE, [N.FALLING_BACK, N.FAILED], "no decision made yet"),
