@@ -16,6 +16,11 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   notification's send tasks, all calls counted, refused connections not.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
+* ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
+  no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
+  call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
+  event failed in the workspace; ``crash_loop`` only while its attempt's runs are past
+  ``send_max_runs``; never ``no_consent`` (no route of these worlds needs consent).
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
@@ -44,6 +49,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import NamedTuple
 
+from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.lifecycle.states import AttemptState, NotificationState
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
@@ -153,6 +159,7 @@ def check(world: World) -> list[Violation]:
                                        f"workspace ({a.tries} tries counted)"))
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _records_match(world, messages, event_of)
+    found += _true_reasons(world, messages, event_of)
     if len(world.handed_over) == len(world.requests) and notifications and all(_ended(n, world) for n in notifications):
         if memory.get("all_ended_at") is None:
             memory["all_ended_at"] = world.clock.now
@@ -335,4 +342,37 @@ def _every_message_known(world: World) -> list[Violation]:
         key = (match.group(1), message.inbox_id)
         if message.id not in recorded[key] and key not in unknown:
             found.append(Violation("message_known", f"{key[0]}: message {message.id} in inbox {key[1]} is no attempt's"))
+    return found
+
+
+# error_kind -> the fault one of the notification's send tasks must have met for it to be true
+REASON_NEEDS_FAULT = {"rejected": "422", "not_found": "404"}
+
+
+def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
+    found: list[Violation] = []
+    said_no = set(world.opted_out_at) | {index for index, _channel in world.stop_messages.values()}
+    failed_events = {match.group(1) for m in messages if m.status == "failed"
+                     and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None}
+    met = world.memory.get("met", {})
+    max_runs = world.settings.send_max_runs
+    rows = world.raw.execute(
+        "SELECT n.id, n.event_id, n.error_kind, a.error_kind, a.runs, a.number = n.current_attempt "
+        "FROM notifications n LEFT JOIN attempts a ON a.notification_id = n.id")
+    for nid, event_id, notification_kind, attempt_kind, runs, current in rows:
+        index = int(event_id.split("-")[1])
+        for side, kind in (("notification", notification_kind), ("attempt", attempt_kind)):
+            if kind is None:
+                continue
+            why = None
+            if kind in ("opted_out", "no_consent") and (kind == "no_consent" or index not in said_no):
+                why = "its recipient never said no"
+            elif kind in REASON_NEEDS_FAULT and REASON_NEEDS_FAULT[kind] not in met.get(nid, ()):
+                why = f"no call of its was answered {REASON_NEEDS_FAULT[kind]}"
+            elif kind == "external_error" and event_id not in failed_events:
+                why = "no message of its failed"
+            elif kind == CRASH_LOOP and side == "notification" and current and runs <= max_runs:
+                why = f"its attempt counts {runs} runs (set aside past {max_runs})"
+            if why is not None:
+                found.append(Violation("true_reason", f"{event_id}: {side} error_kind {kind}, but {why}"))
     return found

@@ -108,9 +108,12 @@ def test_redeliveries_spend_no_provider_try(seed: int) -> None:
 MUTATION_WORLDS = (
     [("small", seed) for seed in range(1000, 1008)]
     + [("contention", seed) for seed in range(3)]  # twin deliveries and refusals around the claims
-    + [("refusals", seed) for seed in range(6)]  # 422s, failures on both routes, deadlines
+    + [("refusals", seed) for seed in (0, 1, 2, 3, 4, 5, 7)]  # 422s, failures on both routes, deadlines
     + [("opt-outs", seed) for seed in range(5)]  # opt-outs and STOP replies before, during and after the claims
     + [("crash-loop", 0)]  # set aside, retried by an operator
+    # lost answers: 5 and 12 look for an earlier message and fail to read it, 7 resends as the
+    # template after a 131047, 13 adopts a message whose answer was lost
+    + [("lost-answers", seed) for seed in (5, 7, 12, 13)]
 )
 
 

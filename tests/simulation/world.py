@@ -440,6 +440,8 @@ class World:
         targeted = not self.spec.call_fault_operations or any(part in operation for part in self.spec.call_fault_operations)
         value = self._fault(kinds) if self.spec.call_faults and targeted else 0
         node = self.running
+        if value and node is not None and node.task is not None and node.task.kind == SEND:  # what its reasons may cite
+            self.memory.setdefault("met", {}).setdefault(node.task.arg, set()).add(CALL_FAULTS[value])
         if CALL_FAULTS[value] != "connect error" and node is not None and node.task is not None and node.task.kind == SEND:
             # every call a send task made that reached the workspace: the most provider tries it may count
             calls = self.memory.setdefault("send_calls", {})
