@@ -16,6 +16,10 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   notification's send tasks, all calls counted, refused connections not.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
+* ``says_why`` (checked by the scheduler as each send task returns): a run that did not send says
+  why, and one that retries says after how long (the task's result, what Flower shows).
+* ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
+  holds no phone number, no message content and no token: what an operator's log would show.
 * ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
   call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
@@ -160,6 +164,7 @@ def check(world: World) -> list[Violation]:
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _records_match(world, messages, event_of)
     found += _true_reasons(world, messages, event_of)
+    found += _logs(world)
     if len(world.handed_over) == len(world.requests) and notifications and all(_ended(n, world) for n in notifications):
         if memory.get("all_ended_at") is None:
             memory["all_ended_at"] = world.clock.now
@@ -375,4 +380,21 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
                 why = f"its attempt counts {runs} runs (set aside past {max_runs})"
             if why is not None:
                 found.append(Violation("true_reason", f"{event_id}: {side} error_kind {kind}, but {why}"))
+    return found
+
+
+PRIVATE_IN_LOGS = re.compile(r"\+?1555\d{7}|Reminder ev-|appointment is tomorrow|sandbox-token")
+
+
+def _logs(world: World) -> list[Violation]:
+    found = []
+    for record in world.logged:
+        try:
+            line = record.getMessage()
+        except (TypeError, ValueError) as error:
+            found.append(Violation("logs_private", f"{record.name}:{record.lineno} does not format: {type(error).__name__}"))
+            continue
+        if PRIVATE_IN_LOGS.search(line):
+            found.append(Violation("logs_private", f"{record.name}:{record.lineno} logs private data"))
+    world.logged.clear()
     return found

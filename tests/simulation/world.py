@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import random
 import sqlite3
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
 from dispatcher.policy.ratelimit import LocalLimiter
 from dispatcher.recipients.controls import Recipients
 from dispatcher.sending.next_run import schedule_next_run
+from dispatcher.sending.send import Outcome as SendOutcome
 from dispatcher.sending.send import send_notification
 from dispatcher.settings import Settings
 from dispatcher.store import db as store_db
@@ -167,6 +169,33 @@ class Broker:
 
     def next_due(self) -> float | None:
         return min((task.due for task in self.tasks), default=None)
+
+
+# -- the logs --------------------------------------------------------------------------------
+
+
+class LogWatch(logging.Handler):
+    """Every record our code logs during a run, at INFO and up, kept for the checks (which format
+    it as an operator's log would) instead of printed."""
+
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(logging.INFO)
+        self.into = into
+        self.logger = logging.getLogger("dispatcher")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
+
+    def __enter__(self) -> LogWatch:
+        self.saved = (self.logger.level, self.logger.propagate)
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.level, self.logger.propagate = self.saved
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -316,6 +345,7 @@ class World:
         if spec.operator:
             self.nodes.append(Node("operator", "operator"))
         self.set_aside_seen: dict[str, float] = {}  # event ID -> when the operator saw it set aside
+        self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
@@ -476,7 +506,7 @@ class World:
         self.trace_start = self.clock.now
         previous = faults.install(self.crash_point)
         try:
-            with simulated_time(self.clock):
+            with simulated_time(self.clock), LogWatch(self.logged):
                 try:
                     self._loop()
                 except OutOfChoices as stop:  # a strict script ran out: the explorer branches here
@@ -645,6 +675,11 @@ class World:
     def _send(self, node: Node, task: Task) -> None:
         ctx = self.context(node)
         result = send_notification(task.arg, ctx)
+        if result.outcome not in (SendOutcome.ACCEPTED, SendOutcome.ADOPTED) and not result.reason:
+            # what the task returns is what Flower shows an operator: a run that did not send says why
+            self.violations.append(Violation("says_why", f"send n{task.arg} ended {result.outcome.value} without a reason"))
+        if result.outcome is SendOutcome.RETRY and not result.delay_s > 0:
+            self.violations.append(Violation("says_why", f"send n{task.arg} retries without a delay"))
         countdown = schedule_next_run(task.arg, result, ctx)
         self.note(f"{node.name} {task}: {result.outcome.value}{f' ({result.reason})' if result.reason else ''}")
         if countdown is not None:

@@ -139,10 +139,15 @@ def test_a_worker_that_read_the_attempt_before_another_claim_cannot_claim_it(ses
 
 def test_claim_of_the_fallback_keeps_falling_back_and_refuses_an_ended_attempt(sessions: sessionmaker[Session]) -> None:
     notification_id, [_, second] = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
+    with sessions.begin() as session:  # the first route's message, as the notification showed it before the fallback
+        session.execute(update(Notification).where(Notification.id == notification_id)
+                        .values(message_id=77, inbox_id=1, conversation_id=5, accepted_at=NOW))
     with sessions.begin() as session:
         assert moves.claim(session, notification_id=notification_id, attempt_id=second, fallback=True, target=TARGET,
                            now=NOW, lease_until=NOW + timedelta(seconds=60), seen_claims=0)
     assert states(sessions, notification_id) == (N.FALLING_BACK, [A.FAILED, A.IN_FLIGHT])
+    claimed = notification_of(sessions, notification_id)  # it describes the fallback's call: no message yet
+    assert (claimed.message_id, claimed.accepted_at, claimed.conversation_id) == (None, None, TARGET.conversation_id)
     ended, [attempt_id] = put(sessions, N.SENT, A.SENT)
     with sessions.begin() as session:
         assert not moves.claim(session, notification_id=ended, attempt_id=attempt_id, fallback=False, target=TARGET,
