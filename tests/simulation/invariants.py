@@ -28,8 +28,10 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
-  attempt in flight names where its call goes and holds a lease; a decision says why and when; a
-  row's ``updated_at`` never runs back and moves whenever its state does.
+  attempt in flight names where its call goes and holds a lease, and only an attempt in flight holds
+  one; a reported or failed attempt has the time of its status; an ended notification shows its end
+  as its delivery state; a decision says why and when; a row's ``updated_at`` never runs back and
+  moves whenever its state does.
 
 At the end of a run that settled:
 
@@ -60,6 +62,8 @@ from dispatcher.recipients.controls import recipient_of
 from tests.simulation.world import Violation, World
 
 WINDOW_CLOSED = "131047"
+REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ,
+                      AttemptState.FAILED})
 ENDED = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
 EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
 ROUTE_INBOX = {"reminders": 1, "sms": 2}
@@ -266,12 +270,17 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what}: {old_state} -> {state} left updated_at as it was"))
 
     for (nid, number, route, channel, state, inbox_id, contact_id, conversation_id, message_id, tries, runs, claims,
-         lease_until, in_flight_since, accepted_at, error_kind, error_detail, created_at, updated_at) in world.raw.execute(
+         lease_until, in_flight_since, accepted_at, status_at, error_kind, error_detail, created_at,
+         updated_at) in world.raw.execute(
             "SELECT notification_id, number, route, channel, state, inbox_id, contact_id, conversation_id, message_id, "
-            "tries, runs, claims, lease_until, in_flight_since, accepted_at, error_kind, error_detail, created_at, "
-            "updated_at FROM attempts"):
+            "tries, runs, claims, lease_until, in_flight_since, accepted_at, status_at, error_kind, error_detail, "
+            "created_at, updated_at FROM attempts"):
         what = f"{event_of.get(nid)} attempt {number}"
         moved("a", (nid, number), state, updated_at, what)
+        if (lease_until is not None) != (state == AttemptState.IN_FLIGHT):
+            found.append(Violation("record_matches", f"{what} is {state} with lease {lease_until}: only a call in flight holds one"))
+        if state in REPORTED and status_at is None:
+            found.append(Violation("record_matches", f"{what} is {state} without the time of its status"))
         if channels.get(route) != channel:
             found.append(Violation("record_matches", f"{what}: channel {channel} is not its route's ({route})"))
         if min(tries, runs, claims) < 0 or as_time(updated_at) < as_time(created_at):
@@ -296,11 +305,14 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
                 or match is None or match.group(1) != event_of.get(nid)):
             found.append(Violation("record_matches", f"{what}: message {message_id} is not where the attempt says"))
     for (nid, state, current, message_id, inbox_id, conversation_id, accepted_at, decision, reason, decided_at, error_kind,
-         error_detail, created_at, updated_at) in world.raw.execute(
+         error_detail, created_at, updated_at, delivery_state) in world.raw.execute(
             "SELECT id, state, current_attempt, message_id, inbox_id, conversation_id, accepted_at, fallback_decision, "
-            "fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at FROM notifications"):
+            "fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at, delivery_state "
+            "FROM notifications"):
         what = str(event_of.get(nid))
         moved("n", (nid, 0), state, updated_at, what)
+        if state in ENDED and delivery_state != state:
+            found.append(Violation("record_matches", f"{what} ended {state} showing delivery state {delivery_state}"))
         if as_time(updated_at) < as_time(created_at) or (current is not None and current < 1):
             found.append(Violation("record_matches", f"{what}: times or current attempt out of range"))
         if (decision is None) != (decided_at is None) or (decision is not None and not reason):
