@@ -18,6 +18,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
 * ``says_why`` (checked by the scheduler as each send task returns): a run that did not send says
   why, and one that retries says after how long (the task's result, what Flower shows).
+* ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
+  for a failed read of the workspace (an incoming customer message once crashed it).
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
   holds no phone number, no message content and no token: what an operator's log would show.
 * ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said

@@ -32,6 +32,7 @@ from sqlalchemy.pool import StaticPool
 
 from dispatcher import faults
 from dispatcher.api import WorkspaceClient
+from dispatcher.api.errors import ApiError
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
 from dispatcher.errors import StateConflict
 from dispatcher.intake.accept import accept
@@ -692,8 +693,11 @@ class World:
         except Wait as wait:
             self.broker.publish(OUTCOME, task.arg, self.clock.now + max(wait.delay_s, 0.05), holder=node.name)
             return
-        except Exception as error:  # as Celery: logged, the task ends; the tracking sweep republishes the row
+        except ApiError as error:  # the workspace failed a read: as Celery, the task ends; the tracking sweep republishes the row
             self.note(f"{node.name} {task}: error {type(error).__name__}")
+            return
+        except Exception as error:  # anything else is a bug in the consumer (an incoming message once crashed it)
+            self.violations.append(Violation("consumer_error", f"outcome d{task.arg} raised {type(error).__name__}"))
             return
         self.note(f"{node.name} {task}: {outcome}")
 
