@@ -225,15 +225,21 @@ def _forward(found: list[Violation], states: dict[tuple[str, int], str], side: s
     states[key] = state
 
 
-def _opt_outs(world: World, messages: list, attempts: list, suppressions: list, event_of: dict[int, str]) -> list[Violation]:
-    if not suppressions:
-        return []
-    key = world.settings.hashing_key
-    keys_of = world.memory.get("recipient_keys")
+def _recipient_keys(world: World) -> dict[str, set[str]]:
+    """Each event's recipient keys as the suppressions table holds them (keyed hashes), made once a run."""
+    keys_of: dict[str, set[str]] | None = world.memory.get("recipient_keys")
     if keys_of is None:
+        key = world.settings.hashing_key
         keys_of = world.memory["recipient_keys"] = {
             f"ev-{i}": set(recipient_of({"phone_number": r.contact.phone_number}).keys(key=key))
             for i, r in enumerate(world.requests)}
+    return keys_of
+
+
+def _opt_outs(world: World, messages: list, attempts: list, suppressions: list, event_of: dict[int, str]) -> list[Violation]:
+    if not suppressions:
+        return []
+    keys_of = _recipient_keys(world)
     found = []
     claims = {(event_of.get(a.notification_id), ROUTE_INBOX.get(a.route)): a.in_flight_since for a in attempts}
     for message in messages:
@@ -334,10 +340,9 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
 def at_end(world: World) -> list[Violation]:
     found = _every_message_known(world)
     suppressed = {(key, channel) for key, channel in world.raw.execute("SELECT recipient_key, channel FROM suppressions")}
-    hashing_key = world.settings.hashing_key
+    keys_of = _recipient_keys(world)
     for index, channel in sorted(world.stops_recorded):
-        keys = recipient_of({"phone_number": world.requests[index].contact.phone_number}).keys(key=hashing_key)
-        if not any((key, scope) in suppressed for key in keys for scope in (channel, "*")):
+        if not any((key, scope) in suppressed for key in keys_of[f"ev-{index}"] for scope in (channel, "*")):
             found.append(Violation("stop_honoured", f"the recipient of ev-{index} replied STOP and is not suppressed on {channel}"))
     return found
 

@@ -95,7 +95,7 @@ WORLDS: dict[str, WorldSpec] = {
     # fail before and after a message exists, fallbacks are decided and fail in turn.
     "refusals": WorldSpec(notifications=3, faults=12, fault_rate=0.25, refusals=True, kind_count=6),
     # Opt-outs that come before, during and after the claims (the host suppresses, or the recipient
-    # replies STOP in its SMS conversation).
+    # replies STOP in its SMS conversation, or else on the platform).
     "opt-outs": WorldSpec(notifications=3, faults=3, opt_out_each=True, opt_out_within_s=15, kind_count=6),
     # A send task that keeps dying: set aside after send_max_runs deaths, retried by an operator.
     "crash-loop": WorldSpec(notifications=1, faults=40, fault_rate=1.0, opt_outs=False, crash_nodes=frozenset({"worker"}),

@@ -471,12 +471,13 @@ class World:
         targeted = not self.spec.call_fault_operations or any(part in operation for part in self.spec.call_fault_operations)
         value = self._fault(kinds) if self.spec.call_faults and targeted else 0
         node = self.running
-        if value and node is not None and node.task is not None and node.task.kind == SEND:  # what its reasons may cite
-            self.memory.setdefault("met", {}).setdefault(node.task.arg, set()).add(CALL_FAULTS[value])
-        if CALL_FAULTS[value] != "connect error" and node is not None and node.task is not None and node.task.kind == SEND:
+        task = node.task if node is not None and node.task is not None and node.task.kind == SEND else None
+        if value and task is not None:  # what its notification's reasons may cite
+            self.memory.setdefault("met", {}).setdefault(task.arg, set()).add(CALL_FAULTS[value])
+        if CALL_FAULTS[value] != "connect error" and task is not None:
             # every call a send task made that reached the workspace: the most provider tries it may count
             calls = self.memory.setdefault("send_calls", {})
-            calls[node.task.arg] = calls.get(node.task.arg, 0) + 1
+            calls[task.arg] = calls.get(task.arg, 0) + 1
         self.note(f"{self.running.name if self.running else '?'} {operation}"
                   + (f" -> fault {CALL_FAULTS[value]}" if value else ""))
         return value
@@ -603,7 +604,7 @@ class World:
     # -- steps ----------------------------------------------------------------------------------
     def _start(self, node: Node, doing: str, work: Callable[[Node], None], task: Task | None = None) -> None:
         node.doing, node.task, node.at, node.points = doing, task, "", 0
-        # A run may die at one of its points, chosen now (one of the first CRASH_POINTS_PER_RUN),
+        # A run may die at one of its points, chosen now (one of the first crash_within_points, after crash_skip_points),
         # so crashes land anywhere in a run, not mostly at its first point.
         may_crash = node.kind in self.spec.crash_nodes and not self.spec.crash_per_point
         crash_at = self._fault(self.spec.crash_within_points + 1) if may_crash else 0
@@ -803,7 +804,7 @@ class World:
             return
         Recipients(self.sessions, self.settings).suppress({"phone_number": phone})
         self.opted_out_at.setdefault(index, self.clock.now)
-        self.note(f"host suppressed the recipient of ev-{index} (no SMS conversation to reply in)")
+        self.note(f"host suppressed the recipient of ev-{index} (no conversation to reply in)")
 
     def key(self) -> tuple[Any, ...]:
         """What decides the run's future, without absolute times (times are kept relative to now, in
