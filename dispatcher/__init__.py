@@ -6,6 +6,7 @@ The public face::
 
     record = dispatcher.notify({"event_id": "appt-42", "route": "reminders", ...})
     record = dispatcher.status("appt-42")
+    record = dispatcher.cancel("appt-42")  # before it is sent; TooLate once a worker has it
 
 Names load on first use, so ``import dispatcher`` stays light (no Celery or SQLAlchemy until a
 name that needs them is touched).
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
         EventConflict,
         InvalidEvent,
         StateConflict,
+        TooLate,
         UnknownNotification,
         WebhookRejected,
     )
@@ -30,9 +32,11 @@ if TYPE_CHECKING:
     from dispatcher.recipients.controls import Recipient
     from dispatcher.service import (
         Dispatcher,
+        cancel,
         is_suppressed,
         notify,
         record_consent,
+        reschedule,
         status,
         suppress,
         unsuppress,
@@ -45,6 +49,8 @@ _WHERE = {
     "notify": "dispatcher.service",
     "status": "dispatcher.service",
     "Dispatcher": "dispatcher.service",
+    "cancel": "dispatcher.service",
+    "reschedule": "dispatcher.service",
     "suppress": "dispatcher.service",
     "unsuppress": "dispatcher.service",
     "is_suppressed": "dispatcher.service",
@@ -63,6 +69,7 @@ _WHERE = {
     "ConfigurationError": "dispatcher.errors",
     "WebhookRejected": "dispatcher.errors",
     "StateConflict": "dispatcher.errors",
+    "TooLate": "dispatcher.errors",
 }
 
 __all__ = sorted(_WHERE)

@@ -13,6 +13,7 @@ Branches are named for what the caller does next, not for the layer that failed:
         UnexpectedResponse    a body we cannot read
       WebhookRejected         a webhook delivery was refused; ``reason`` says why
       StateConflict           a compare-and-set lost the race
+        TooLate               a cancel or reschedule came after the notification was sent or ended
 
 Messages carry operation names, statuses, keys and our own IDs: never message content,
 phone numbers, e-mail addresses, tokens or response bodies.
@@ -78,3 +79,17 @@ class UnknownNotification(DispatcherError):
     def __init__(self, event_id: str) -> None:
         self.event_id = event_id
         super().__init__(f"no notification with event_id {event_id!r}")
+
+
+class TooLate(StateConflict):
+    """A host asked to cancel or reschedule a notification that is past the point where it can:
+    a worker has it (its message may exist), or it has ended. ``state`` is where it is now."""
+
+    def __init__(self, event_id: str, state: str, asked: str) -> None:
+        self.event_id = event_id
+        self._state = state  # read-only: an error reports the row's state, it never sets one
+        super().__init__(f"too late to {asked} {event_id!r}: it is {state}")
+
+    @property
+    def state(self) -> str:
+        return self._state

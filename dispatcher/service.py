@@ -7,6 +7,7 @@ environment on first use.
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import NotificationRequest, parse_request
+from dispatcher.operations import cancel as host_cancel
 from dispatcher.operations import set_aside
 from dispatcher.recipients.controls import Recipient, Recipients
 from dispatcher.settings import Settings, load_settings
@@ -47,6 +49,17 @@ class Dispatcher:
     def status(self, event_id: str) -> NotificationRecord:
         """The notification's record; UnknownNotification when there is none."""
         return intake.status(self.sessions, event_id)
+
+    def cancel(self, event_id: str) -> NotificationRecord:
+        """Cancel a notification not yet sent: once this returns, nothing of it is sent and nothing
+        falls back (its record says ``cancelled``). TooLate, with its state, when a worker already
+        holds it or it has ended; UnknownNotification when there is none. Safe to call again."""
+        return host_cancel.cancel(self.sessions, event_id)
+
+    def reschedule(self, event_id: str, send_at: datetime) -> NotificationRecord:
+        """Move a scheduled notification to ``send_at`` (timezone-aware, in the future). TooLate
+        when it is no longer scheduled; InvalidEvent naming ``send_at`` for a bad time."""
+        return host_cancel.reschedule(self.sessions, event_id, send_at)
 
     def retry(self, event_id: str) -> NotificationRecord:
         """Run again a notification set aside as ``crash_loop`` (its send task kept dying);
@@ -94,6 +107,16 @@ def notify(request: NotificationRequest | dict[str, Any] | str | bytes) -> Notif
 
 def status(event_id: str) -> NotificationRecord:
     return default_dispatcher().status(event_id)
+
+
+def cancel(event_id: str) -> NotificationRecord:
+    """Cancel a notification not yet sent (see :meth:`Dispatcher.cancel`)."""
+    return default_dispatcher().cancel(event_id)
+
+
+def reschedule(event_id: str, send_at: datetime) -> NotificationRecord:
+    """Move a scheduled notification to another time (see :meth:`Dispatcher.reschedule`)."""
+    return default_dispatcher().reschedule(event_id, send_at)
 
 
 def suppress(recipient: Recipient | dict[str, Any], *, channel: str | None = None, category: str | None = None) -> int:

@@ -2,7 +2,9 @@
 
 ``POST /v1/notifications`` hands over one notification request (the JSON of
 :class:`~dispatcher.intake.request.NotificationRequest`); ``GET /v1/notifications/{event_id}`` reads its
-record back. docs/http-intake.md has every answer with an example body. In this order, a POST is:
+record back, ``DELETE`` there cancels it (409 ``too_late`` with its state once a worker has it) and
+``PATCH`` with ``{"send_at": ...}`` moves a scheduled one. docs/http-intake.md has every answer with
+an example body. In this order, a POST is:
 
 1. authenticated: ``Authorization: Bearer <token>``, compared in constant time (401 with
    ``WWW-Authenticate: Bearer`` when missing or wrong; nothing else is looked at before this);
@@ -32,6 +34,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -44,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, UnknownNotification
+from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, TooLate, UnknownNotification
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.backlog import BacklogGate
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
@@ -66,6 +69,8 @@ _SCHEMA_NAMES = frozenset({"body", *NotificationRequest.model_fields, *ContactDe
 _NO_STORE = {"Cache-Control": "no-store"}
 # Every method reaches the endpoints, so that a wrong one is answered 405 in JSON too.
 _ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# What each method asks of one notification (its URL names it).
+_ITEM_METHODS = {"GET": "read", "DELETE": "cancel", "PATCH": "reschedule"}
 
 
 class _Refusal(Exception):
@@ -171,26 +176,44 @@ def create_intake_routes(
         return JSONResponse({"event_id": record.event_id, "state": record.state, "status_url": status_url},
                             status_code=202, headers={"Location": status_url, **_NO_STORE})
 
-    async def notification_status(request: Request) -> Response:
-        if request.method != "GET":
-            return _error(_Refusal(405, "method_not_allowed", "method", "use GET", {"Allow": "GET"}))
+    async def notification(request: Request) -> Response:
+        """``GET``: the record; ``DELETE``: cancel it; ``PATCH`` with ``{"send_at": ...}``: reschedule it."""
+        if request.method not in _ITEM_METHODS:
+            allowed = ", ".join(_ITEM_METHODS)
+            return _error(_Refusal(405, "method_not_allowed", "method", f"use {allowed}", {"Allow": allowed}))
         event_id = _event_id_of(request)
         logged = event_id if _EVENT_ID.fullmatch(event_id) else "-"
+        asked = _ITEM_METHODS[request.method]
         try:
             authenticate(request)
             if not _EVENT_ID.fullmatch(event_id):
                 raise UnknownNotification(event_id)
-            record = await run_in_threadpool(dispatcher.status, event_id)
+            if request.method == "PATCH":
+                _check_content_type(request)
+                send_at = _send_at_of(_parse_json(await _read_body(request, max_body_bytes)))
+                record = await run_in_threadpool(dispatcher.reschedule, event_id, send_at)
+            elif request.method == "DELETE":
+                record = await run_in_threadpool(dispatcher.cancel, event_id)
+            else:
+                record = await run_in_threadpool(dispatcher.status, event_id)
         except _Refusal as refusal:  # the path's ID is not logged for a caller that did not authenticate
             return _refused(refusal, "-")
         except UnknownNotification:  # not logged: an ID nobody handed over could be anything
             return _refused(_Refusal(404, "not_found", "event_id", "no notification with this event_id"), "-")
+        except TooLate as late:
+            log.info("intake %s %s: too late, it is %s (409)", logged, asked, late.state)
+            return JSONResponse({"error": "too_late", "field": "state", "state": late.state,
+                                 "detail": f"too late to {asked}: it is {late.state}"}, status_code=409, headers=_NO_STORE)
+        except InvalidEvent as invalid:
+            return _refused(_Refusal(422, "invalid_request", _safe_field(invalid.field), invalid.problem), logged)
         except SQLAlchemyError as error:
-            log.error("intake status %s not read: %s (503)", logged, type(error).__name__)
+            log.error("intake %s %s not done: %s (503)", asked, logged, type(error).__name__)
             return _error(_STORE_UNAVAILABLE)
         except Exception as error:
-            log.error("intake status %s failed: %s (500)", logged, type(error).__name__)
+            log.error("intake %s %s failed: %s (500)", asked, logged, type(error).__name__)
             return _error(_INTERNAL_ERROR)
+        if request.method != "GET":
+            log.info("intake %s %s: %s (200)", logged, asked, record.state)
         return JSONResponse(record.model_dump(mode="json"), headers=_NO_STORE)
 
     async def recipients(request: Request) -> Response:
@@ -224,7 +247,7 @@ def create_intake_routes(
     return [
         Route(RECIPIENTS_PATH + "/{action}", recipients, methods=_ANY_METHOD, name="intake_recipients"),
         Route(NOTIFICATIONS_PATH, notifications, methods=_ANY_METHOD, name="intake_notify"),
-        Route(NOTIFICATIONS_PATH + "/{event_id:path}", notification_status, methods=_ANY_METHOD, name="intake_status"),
+        Route(NOTIFICATIONS_PATH + "/{event_id:path}", notification, methods=_ANY_METHOD, name="intake_status"),
     ]
 
 
@@ -310,6 +333,16 @@ def _parse_json(body: bytes) -> Any:
         return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
         raise _Refusal(400, "malformed_json", "body", "is not valid JSON") from None
+
+
+def _send_at_of(data: Any) -> datetime:
+    """A reschedule's body: ``{"send_at": "<ISO 8601 with a time zone>"}`` and nothing else."""
+    if not isinstance(data, dict) or set(data) != {"send_at"} or not isinstance(data["send_at"], str):
+        raise InvalidEvent("body", 'an object with send_at only, for example {"send_at": "2026-12-01T09:00:00+01:00"}')
+    try:
+        return datetime.fromisoformat(data["send_at"])
+    except ValueError:
+        raise InvalidEvent("send_at", "is not an ISO 8601 time (for example 2026-12-01T09:00:00+01:00)") from None
 
 
 def _loggable_event_id(data: Any) -> str:

@@ -131,14 +131,68 @@ def open_attempt(session: Session, *, notification_id: int, number: int, route: 
 
 
 def release_due(session: Session, notification_ids: list[int], *, now: datetime) -> None:
-    """Scheduled notifications whose time has come become queued."""
+    """Scheduled notifications whose time has come become queued. Their time is read again here,
+    not only by the sweep's query: a host may have moved it later in between (:func:`reschedule`)."""
     if notification_ids:
         session.execute(
             update(NOTIFICATIONS)
-            .where(NOTIFICATIONS.c.id.in_(notification_ids),
+            .where(NOTIFICATIONS.c.id.in_(notification_ids), NOTIFICATIONS.c.send_at <= now,
                    NOTIFICATIONS.c.state.in_(_starts_for("release_due", "notification", NotificationState.QUEUED)))
             .values(state=NotificationState.QUEUED, updated_at=now)
         )
+
+
+def reschedule(session: Session, *, notification_id: int, send_at: datetime, now: datetime) -> bool:
+    """A scheduled notification goes out at ``send_at`` instead (the caller checked it is in the
+    future). False when it is no longer scheduled: its time came, or it was cancelled."""
+    return _won(session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("reschedule", "notification")))
+        .values(send_at=send_at, updated_at=now)
+    ))
+
+
+CANCELLED = "cancelled"  # the error_kind of a cancelled notification and of its current attempt
+
+
+class CancelLost(Exception):
+    """The cancel took the attempt but the notification had moved on: raised so that the caller's
+    transaction rolls the attempt's change back (both rows move, or neither)."""
+
+
+def cancel(session: Session, *, notification_id: int, number: int, route: str, channel: str, detail: str,
+           now: datetime) -> bool:
+    """The host cancels: the current attempt (number ``number``) ends failed, from queued or before
+    its row exists, and the notification ends cancelled. False: the attempt is not queued (a run
+    has claimed it, its message may exist: too late), and nothing is changed.
+
+    The attempt's row is where a cancel meets a send: a claim is a compare-and-set on that row,
+    and a run that has not opened it yet finds it failed. So the row is written first, made here
+    when no run has made it (``route`` and ``channel`` are then the first attempt's), locking it
+    in the order every other move does, attempt before notification. Raises :class:`CancelLost`
+    when the notification moved meanwhile (its caller's transaction must not commit)."""
+    failed = {"state": _ends_in("cancel", "attempt", AttemptState.FAILED), "error_kind": CANCELLED,
+              "error_detail": _detail(detail), "lease_until": None, "status_at": now, "updated_at": now}
+    taken = session.execute(
+        insert_for(session)(ATTEMPTS)
+        .values(notification_id=notification_id, number=number, route=route, channel=channel, tries=0, runs=0,
+                created_at=now, **failed)
+        .on_conflict_do_update(index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number], set_=failed,
+                               where=ATTEMPTS.c.state.in_(_starts_for("cancel", "attempt", AttemptState.FAILED)))
+        .returning(ATTEMPTS.c.id)
+    ).scalar_one_or_none()
+    if taken is None:
+        return False
+    moved = session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == number,
+               NOTIFICATIONS.c.state.in_(_starts_for("cancel", "notification", NotificationState.CANCELLED)))
+        .values(state=NotificationState.CANCELLED, error_kind=CANCELLED, error_detail=_detail(detail),
+                next_try_at=None, updated_at=now)
+    )
+    if not _won(moved):
+        raise CancelLost(notification_id)
+    return True
 
 
 def _claimable(attempt_id: int, seen_claims: int, now: datetime) -> Any:

@@ -35,6 +35,7 @@ class NotificationState(StrEnum):
     READ = "read"
     FALLING_BACK = "falling_back"  # the first attempt failed and the fallback is on its way
     FAILED = "failed"  # nothing more will happen
+    CANCELLED = "cancelled"  # the host cancelled it before it was sent: nothing was or will be sent
 
 
 class AttemptPurpose(StrEnum):
@@ -63,17 +64,22 @@ SENDABLE_ATTEMPT_STATES = frozenset({AttemptState.QUEUED, AttemptState.IN_FLIGHT
 # A send task may work on the notification (its current attempt has no message yet).
 # Nothing more will be sent or learned: retention may purge these (and only these) once old.
 SETTLED_NOTIFICATION_STATES = frozenset(
-    {NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED}
+    {NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED, NotificationState.CANCELLED}
 )
 SENDABLE_NOTIFICATION_STATES = frozenset(
     {NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK}
 )
 # Not ended and not waiting for its time: outcomes and decisions may still move it.
-OPEN_NOTIFICATION_STATES = frozenset(NotificationState) - {NotificationState.FAILED, NotificationState.SCHEDULED}
+OPEN_NOTIFICATION_STATES = frozenset(NotificationState) - {
+    NotificationState.FAILED, NotificationState.CANCELLED, NotificationState.SCHEDULED}
 ACCEPTED_ATTEMPT_STATES = frozenset(
     {AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ}
 )
-TERMINAL_NOTIFICATION_STATES = frozenset({NotificationState.READ, NotificationState.FAILED})
+TERMINAL_NOTIFICATION_STATES = frozenset({NotificationState.READ, NotificationState.FAILED, NotificationState.CANCELLED})
+# A host may still cancel it, when its current attempt is queued or not yet made (the cancel move).
+CANCELLABLE_NOTIFICATION_STATES = frozenset(
+    {NotificationState.SCHEDULED, NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK}
+)
 CONFIRMED_NOTIFICATION_STATES = frozenset({NotificationState.DELIVERED, NotificationState.READ})
 
 

@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import product
 
-from dispatcher.lifecycle.states import SENDABLE_ATTEMPT_STATES, SENDABLE_NOTIFICATION_STATES, AttemptState, NotificationState
+from dispatcher.lifecycle.states import (
+    CANCELLABLE_NOTIFICATION_STATES,
+    SENDABLE_ATTEMPT_STATES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptState,
+    NotificationState,
+)
 
 A, N = AttemptState, NotificationState
 NEW = "new"  # the start of a move that creates the row
@@ -74,7 +80,15 @@ MOVES: dict[str, Move] = {
         Move("create", "a host hands over an event: stored once, by its event ID",
              notification=every([NEW], [N.SCHEDULED, N.QUEUED])),
         Move("release_due", "a scheduled notification's time has come",
-             notification=every([N.SCHEDULED], [N.QUEUED])),
+             notification=every([N.SCHEDULED], [N.QUEUED], "its send_at has passed (read again by the move)")),
+        Move("reschedule", "the host moves a scheduled notification to another time",
+             notification=kept([N.SCHEDULED], "the new time is in the future")),
+        Move("cancel", "the host cancels a notification before its current attempt is sent: nothing more is sent, "
+             "nothing falls back",
+             attempt=every([NEW, A.QUEUED], [A.FAILED], "the current attempt, queued or not yet made: it is made failed, "
+                           "so no run can claim it"),
+             notification=every(CANCELLABLE_NOTIFICATION_STATES, [N.CANCELLED],
+                                "in the same transaction as its current attempt's move")),
         Move("open_attempt", "the current attempt's first run makes its row; every run counts one run, the crash guard "
              "(a run that ends without dying gives it back: end_run)",
              attempt=Side(every([NEW], [A.QUEUED]).edges | kept(A).edges)),

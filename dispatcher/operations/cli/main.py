@@ -19,9 +19,11 @@ from dispatcher.operations.cli.delivery_commands import deliveries_group
 from dispatcher.operations.cli.demo_command import demo_command
 from dispatcher.operations.cli.flower_command import flower_command
 from dispatcher.operations.cli.notification_commands import (
+    cancel_command,
     db_group,
     list_command,
     notify_command,
+    reschedule_command,
     retry_command,
     status_command,
 )
@@ -69,8 +71,9 @@ cli.add_command(demo_command)
 cli.add_command(sandbox_command)
 cli.add_command(config_group)
 cli.add_command(inboxes_command)
-for command in (notify_command, status_command, retry_command, list_command, db_group, worker_command, consumer_command, beat_command,
-                receiver_command, webhooks_group, deliveries_group, suppressions_group, flower_command):
+for command in (notify_command, status_command, cancel_command, reschedule_command, retry_command, list_command, db_group,
+                worker_command, consumer_command, beat_command, receiver_command, webhooks_group, deliveries_group,
+                suppressions_group, flower_command):
     cli.add_command(command)
 
 

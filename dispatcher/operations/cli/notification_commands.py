@@ -1,13 +1,19 @@
-"""``dispatcher notify``, ``status``, ``retry``, ``list`` and ``db upgrade``: the store from the command line."""
+"""``dispatcher notify``, ``status``, ``cancel``, ``reschedule``, ``retry``, ``list`` and ``db upgrade``:
+the store from the command line."""
 
 from __future__ import annotations
 
 import json
+import sys
+from datetime import datetime
 from typing import IO, TYPE_CHECKING
 
 import click
 
+from dispatcher.errors import InvalidEvent, TooLate
 from dispatcher.store.record import NotificationRecord
+
+EXIT_TOO_LATE = 1  # the notification is past the point where it can be cancelled or moved
 
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
@@ -72,6 +78,52 @@ def _print_record(record: NotificationRecord) -> None:
             f" message={attempt.message_id or '-'} tries={attempt.tries}"
             + (f" error={attempt.error_kind}" if attempt.error_kind else "")
         )
+
+
+@click.command("cancel")
+@click.argument("event_id")
+def cancel_command(event_id: str) -> None:
+    """Cancel a notification that is not sent yet: nothing of it is sent once this prints cancelled.
+
+    Exit code 0 when it is cancelled (also when it was already), 1 when it is too late (a worker
+    has it, or it has ended; its state is printed), 2 when there is no such notification.
+
+    \b
+    Examples:
+      dispatcher cancel appt-42
+    """
+    try:
+        record = _dispatcher().cancel(event_id)
+    except TooLate as late:
+        click.echo(f"{event_id}: too late to cancel: it is {late.state}", err=True)
+        sys.exit(EXIT_TOO_LATE)
+    click.echo(f"{record.event_id}: {record.state}")
+
+
+@click.command("reschedule")
+@click.argument("event_id")
+@click.argument("send_at")
+def reschedule_command(event_id: str, send_at: str) -> None:
+    """Move a scheduled notification to SEND_AT (ISO 8601 with a time zone, in the future).
+
+    Exit code 0 when it is moved, 1 when it is no longer scheduled (its state is printed), 2 for
+    a time that is not one or no such notification.
+
+    \b
+    Examples:
+      dispatcher reschedule appt-42 2026-12-01T09:00:00+01:00
+    """
+    try:
+        when = datetime.fromisoformat(send_at)
+    except ValueError:
+        raise InvalidEvent("send_at", "is not an ISO 8601 time (for example 2026-12-01T09:00:00+01:00)") from None
+    try:
+        record = _dispatcher().reschedule(event_id, when)
+    except TooLate as late:
+        click.echo(f"{event_id}: too late to reschedule: it is {late.state}", err=True)
+        sys.exit(EXIT_TOO_LATE)
+    assert record.send_at is not None
+    click.echo(f"{record.event_id}: {record.state} for {record.send_at.isoformat()}")
 
 
 @click.command("retry")

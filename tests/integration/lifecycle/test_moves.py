@@ -45,12 +45,12 @@ def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[session
 
 
 def put(sessions: sessionmaker[Session], state: str, *attempts: str, fallback_decision: str | None = None,
-        lease_until: datetime | None = None) -> tuple[int, list[int]]:
+        lease_until: datetime | None = None, send_at: datetime | None = None) -> tuple[int, list[int]]:
     """A notification in ``state`` with attempts 1.. in the given states; their IDs."""
     with sessions.begin() as session:
         fell_back = fallback_decision == "fallback"
         notification = Notification(event_id=f"event-{next(EVENT_NUMBERS)}", fingerprint="f" * 64, route="reminders",
-                                    fallback_route="sms", state=state, fallback_decision=fallback_decision,
+                                    fallback_route="sms", state=state, fallback_decision=fallback_decision, send_at=send_at,
                                     current_attempt=len(attempts) if fell_back else 1, created_at=NOW, updated_at=NOW)
         session.add(notification)
         session.flush()
@@ -95,12 +95,14 @@ def test_create_and_open_attempt(sessions: sessionmaker[Session]) -> None:
     assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
 
 
-def test_release_due_moves_only_scheduled_rows(sessions: sessionmaker[Session]) -> None:
-    due, _ = put(sessions, N.SCHEDULED)
+def test_release_due_moves_only_scheduled_rows_whose_time_came(sessions: sessionmaker[Session]) -> None:
+    due, _ = put(sessions, N.SCHEDULED, send_at=NOW)
+    moved_later, _ = put(sessions, N.SCHEDULED, send_at=NOW + timedelta(hours=1))  # rescheduled after the sweep's query
     sending, _ = put(sessions, N.SENDING)
     with sessions.begin() as session:
-        moves.release_due(session, [due, sending], now=NOW)
+        moves.release_due(session, [due, moved_later, sending], now=NOW)
     assert states(sessions, due)[0] == N.QUEUED
+    assert states(sessions, moved_later)[0] == N.SCHEDULED
     assert states(sessions, sending)[0] == N.SENDING
 
 
