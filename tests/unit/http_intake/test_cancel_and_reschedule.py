@@ -1,0 +1,135 @@
+"""A host cancels or moves a notification: over HTTP (DELETE and PATCH on its URL), in Python and
+from the command line. Cancelled means nothing is sent and the content is gone; too late names
+the state; a bad time names send_at."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import dispatcher.service as service
+from dispatcher.errors import InvalidEvent, TooLate, UnknownNotification
+from dispatcher.lifecycle import moves
+from dispatcher.operations.cli.main import cli
+from dispatcher.sending.send import Outcome, send_notification
+from dispatcher.store import queries as store
+from tests.conftest import REPO_ROOT
+from tests.support.dispatcher_setup import send_context
+from tests.support.store_scan import kept_anywhere
+from tests.unit.http_intake.conftest import AUTH, CONTENT, PATH, PHONE, Intake, valid_request
+
+
+def later(hours: float = 2) -> str:
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
+
+
+def claim_first_attempt(intake: Intake, event_id: str) -> None:
+    """A worker has the notification: its first attempt is claimed, createMessage may be running."""
+    now = datetime.now(UTC)
+    with intake.dispatcher.sessions.begin() as session:
+        notification = store.find_notification_by_event(session, event_id)
+        assert notification is not None
+        attempt = store.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
+                                     channel="messaging_platform", now=now)
+        assert moves.claim(session, notification_id=notification.id, attempt_id=attempt.id, fallback=False, now=now,
+                           target=moves.Target(inbox_id=1, contact_id=1, conversation_id=1,
+                                               channel="messaging_platform", content_hash="h" * 64),
+                           lease_until=now + timedelta(seconds=60), seen_claims=0)
+
+
+def test_delete_cancels_a_queued_notification_and_its_content_goes(intake: Intake) -> None:
+    assert intake.post(valid_request("appt-1")).status_code == 202
+    response = intake.client.delete(f"{PATH}/appt-1", headers=AUTH)
+    assert response.status_code == 200, response.text
+    record = response.json()
+    assert (record["state"], record["error_kind"], record["message_id"]) == ("cancelled", "cancelled", None)
+    assert [(a["number"], a["state"], a["error_kind"]) for a in record["attempts"]] == [(1, "failed", "cancelled")]
+    assert intake.payloads() == 0
+    assert kept_anywhere(intake.dispatcher.sessions, [PHONE, CONTENT]) == []
+    again = intake.client.delete(f"{PATH}/appt-1", headers=AUTH)  # a host's retry of its call
+    assert again.status_code == 200 and again.json()["state"] == "cancelled"
+
+
+def test_the_send_task_that_comes_after_a_cancel_sends_nothing(intake: Intake) -> None:
+    intake.post(valid_request("appt-2"))
+    intake.dispatcher.cancel("appt-2")
+    [notification_id] = intake.enqueuer.sent
+    with send_context(intake.dispatcher.settings) as context:  # its API URL answers nothing: a call would fail
+        result = send_notification(notification_id, context)
+    assert result.outcome is Outcome.SKIPPED
+    assert intake.dispatcher.status("appt-2").state == "cancelled"
+
+
+def test_a_notification_a_worker_holds_is_too_late_to_cancel_with_its_state(intake: Intake) -> None:
+    intake.post(valid_request("appt-3"))
+    claim_first_attempt(intake, "appt-3")
+    response = intake.client.delete(f"{PATH}/appt-3", headers=AUTH)
+    assert response.status_code == 409
+    assert response.json() == {"error": "too_late", "field": "state", "state": "sending",
+                               "detail": "too late to cancel: it is sending"}
+    with pytest.raises(TooLate) as late:
+        intake.dispatcher.cancel("appt-3")
+    assert late.value.state == "sending"
+    assert intake.dispatcher.status("appt-3").state == "sending" and intake.payloads() == 1
+
+
+def test_patch_moves_a_scheduled_notification_and_refuses_a_bad_time(intake: Intake) -> None:
+    intake.post(valid_request("appt-4", send_at=later(2)))
+    new_time = later(30)
+    response = intake.client.patch(f"{PATH}/appt-4", json={"send_at": new_time}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert datetime.fromisoformat(response.json()["send_at"]) == datetime.fromisoformat(new_time)
+    for body, field in (({"send_at": "tomorrow"}, "send_at"), ({"send_at": "2026-12-01T09:00:00"}, "send_at"),
+                        ({"send_at": "2000-01-01T09:00:00+00:00"}, "send_at"), ({"when": new_time}, "body"),
+                        ([], "body")):
+        refused = intake.client.patch(f"{PATH}/appt-4", json=body, headers=AUTH)
+        assert (refused.status_code, refused.json()["field"]) == (422, field), body
+    assert datetime.fromisoformat(intake.client.get(f"{PATH}/appt-4", headers=AUTH).json()["send_at"]) \
+        == datetime.fromisoformat(new_time)
+
+
+def test_only_a_scheduled_notification_is_rescheduled(intake: Intake) -> None:
+    intake.post(valid_request("appt-5"))
+    response = intake.client.patch(f"{PATH}/appt-5", json={"send_at": later()}, headers=AUTH)
+    assert response.status_code == 409 and response.json()["state"] == "queued"
+    intake.post(valid_request("appt-6", send_at=later()))
+    intake.dispatcher.cancel("appt-6")
+    with pytest.raises(TooLate, match="too late to reschedule 'appt-6': it is cancelled"):
+        intake.dispatcher.reschedule("appt-6", datetime.now(UTC) + timedelta(days=1))
+
+
+def test_the_item_url_needs_the_token_and_a_known_event(intake: Intake) -> None:
+    intake.post(valid_request("appt-7"))
+    assert intake.client.delete(f"{PATH}/appt-7", headers={}).status_code == 401
+    assert intake.client.patch(f"{PATH}/appt-7", json={"send_at": later()}).status_code == 401
+    assert intake.dispatcher.status("appt-7").state == "queued"
+    assert intake.client.delete(f"{PATH}/no-such", headers=AUTH).status_code == 404
+    with pytest.raises(UnknownNotification):
+        intake.dispatcher.cancel("no-such")
+    with pytest.raises(InvalidEvent, match="send_at"):
+        intake.dispatcher.reschedule("appt-7", datetime.now() + timedelta(days=1))  # no time zone
+
+
+def test_the_cancel_and_reschedule_commands_answer_in_one_line_with_exit_codes(
+    tmp_path: Path, clean_environment: pytest.MonkeyPatch,
+) -> None:
+    clean_environment.setattr(service, "_default", None)  # the commands' dispatcher is this test's, forgotten after
+    clean_environment.setenv("DISPATCHER_CONFIG", str(REPO_ROOT / "config" / "dispatcher.example.toml"))
+    clean_environment.setenv("DISPATCHER_DATABASE_URL", f"sqlite:///{tmp_path}/cli.sqlite")
+    clean_environment.setenv("DISPATCHER_BROKER_URL", "memory://")
+    service.default_dispatcher().notify(valid_request("appt-8", send_at=later()))
+    runner = CliRunner()
+
+    moved = runner.invoke(cli, ["reschedule", "appt-8", "2099-01-01T09:00:00+01:00"])
+    assert (moved.exit_code, moved.output) == (0, "appt-8: scheduled for 2099-01-01T08:00:00+00:00\n")
+    bad = runner.invoke(cli, ["reschedule", "appt-8", "soon"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "send_at" in bad.output
+    cancelled = runner.invoke(cli, ["cancel", "appt-8"])
+    assert (cancelled.exit_code, cancelled.output) == (0, "appt-8: cancelled\n")
+    late = runner.invoke(cli, ["reschedule", "appt-8", "2099-01-01T09:00:00+01:00"])
+    assert (late.exit_code, late.output.strip()) == (1, "appt-8: too late to reschedule: it is cancelled")
+    unknown = runner.invoke(cli, ["cancel", "no-such"])
+    assert (unknown.exit_code, unknown.output.strip()) == (2, "error: no notification with event_id 'no-such'")
