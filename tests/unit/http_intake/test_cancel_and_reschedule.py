@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -133,3 +134,30 @@ def test_the_cancel_and_reschedule_commands_answer_in_one_line_with_exit_codes(
     assert (late.exit_code, late.output.strip()) == (1, "appt-8: too late to reschedule: it is cancelled")
     unknown = runner.invoke(cli, ["cancel", "no-such"])
     assert (unknown.exit_code, unknown.output.strip()) == (2, "error: no notification with event_id 'no-such'")
+
+
+def test_the_examples_in_the_docs_work_as_written(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment.setattr(service, "_default", None)
+    clean_environment.setenv("DISPATCHER_CONFIG", str(REPO_ROOT / "config" / "dispatcher.example.toml"))
+    clean_environment.setenv("DISPATCHER_DATABASE_URL", f"sqlite:///{tmp_path}/docs.sqlite")
+    clean_environment.setenv("DISPATCHER_BROKER_URL", "memory://")
+    section = (REPO_ROOT / "docs" / "notifications.md").read_text().split("## Cancelling it, or moving its time")[1]
+    python_block = section.split("```python\n")[1].split("```")[0]
+    shell_block = section.split("```sh\n")[1].split("```")[0]
+    runner = CliRunner()
+    for run in ("python", "shell"):
+        service.default_dispatcher().notify(valid_request("appt-2026-0002", send_at=later()))
+        if run == "python":
+            namespace: dict[str, Any] = {}
+            exec(compile(python_block, "docs/notifications.md", "exec"), namespace)  # noqa: S102 - our own docs
+            assert namespace["record"].state == "cancelled"
+        else:
+            for line in shell_block.strip().splitlines():
+                arguments = line.split("#")[0].split()
+                assert arguments[0] == "dispatcher"
+                result = runner.invoke(cli, arguments[1:])
+                assert result.exit_code == 0, (line, result.output)
+            assert service.default_dispatcher().status("appt-2026-0002").state == "cancelled"
+        with service.default_dispatcher().sessions.begin() as session:  # the next run hands it over anew
+            notification = store.find_notification_by_event(session, "appt-2026-0002")
+            session.delete(notification)
