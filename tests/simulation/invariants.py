@@ -9,6 +9,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``forward_only``: a notification's and an attempt's state only take the lifecycle table's edges
   (dispatcher/lifecycle/table.py, its own MOVES: read, not copied), possibly several in one step.
 * ``no_send_after_opt_out``: no message whose claim came after the recipient's opt-out was committed.
+* ``no_send_after_cancel``: no message of an event appears in the workspace after the step in
+  which its notification's cancel committed (the messages it had then are remembered).
 * ``tries_bounded``: an attempt never counts more than ``retry_max_tries`` tries, and makes no more
   createMessage calls than that.
 * ``tries_spent_on_calls``: an attempt that ends ``tries_exhausted`` made at least
@@ -26,7 +28,7 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
   call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
   event failed in the workspace; ``crash_loop`` only while its attempt's runs are past
-  ``send_max_runs``; never ``no_consent`` (no route of these worlds needs consent).
+  ``send_max_runs``; ``cancelled`` only when the host asked to cancel it; never ``no_consent`` (no route of these worlds needs consent).
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
@@ -66,7 +68,8 @@ from tests.simulation.world import Violation, World
 WINDOW_CLOSED = "131047"
 REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ,
                       AttemptState.FAILED})
-ENDED = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
+ENDED_BY_DELIVERY = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
+ENDED = ENDED_BY_DELIVERY | {NotificationState.CANCELLED}
 EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
 ROUTE_INBOX = {"reminders": 1, "sms": 2}
 CHANNEL_OF_INBOX = {1: "messaging_platform", 2: "sms"}
@@ -168,6 +171,7 @@ def check(world: World) -> list[Violation]:
                                        f"ended tries_exhausted after {reached} calls of its send tasks reached the "
                                        f"workspace ({a.tries} tries counted)"))
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
+    found += _cancels(world, messages, notifications)
     found += _records_match(world, messages, event_of)
     found += _true_reasons(world, messages, event_of)
     found += _logs(world)
@@ -258,6 +262,24 @@ def _opt_outs(world: World, messages: list, attempts: list, suppressions: list, 
     return found
 
 
+def _cancels(world: World, messages: list, notifications: list[_Row]) -> list[Violation]:
+    found: list[Violation] = []
+    if not world.cancels_asked:
+        return found
+    before: dict[str, frozenset[int]] = world.memory.setdefault("cancelled_with", {})
+    of_event: dict[str, set[int]] = defaultdict(set)
+    for message in messages:
+        if (match := EVENT_IN_CONTENT.match(message.content or "")) is not None:
+            of_event[match.group(1)].add(message.id)
+    for n in notifications:
+        if n.state != NotificationState.CANCELLED:
+            continue
+        had = before.setdefault(n.event_id, frozenset(of_event[n.event_id]))  # the step its cancel committed in
+        if new := of_event[n.event_id] - had:
+            found.append(Violation("no_send_after_cancel", f"{n.event_id}: message(s) {sorted(new)} after its cancel"))
+    return found
+
+
 def _records_match(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
     found: list[Violation] = []
     by_id = {m.id: m for m in messages}
@@ -319,7 +341,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             "FROM notifications"):
         what = str(event_of.get(nid))
         moved("n", (nid, 0), state, updated_at, what)
-        if state in ENDED and delivery_state != state:
+        if state in ENDED_BY_DELIVERY and delivery_state != state:
             found.append(Violation("record_matches", f"{what} ended {state} showing delivery state {delivery_state}"))
         if as_time(updated_at) < as_time(created_at) or (current is not None and current < 1):
             found.append(Violation("record_matches", f"{what}: times or current attempt out of range"))
@@ -393,6 +415,8 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
                 why = "its recipient never said no"
             elif kind in REASON_NEEDS_FAULT and REASON_NEEDS_FAULT[kind] not in met.get(nid, ()):
                 why = f"no call of its was answered {REASON_NEEDS_FAULT[kind]}"
+            elif kind == "cancelled" and event_id not in world.cancels_asked:
+                why = "the host never cancelled it"
             elif kind == "external_error" and event_id not in failed_events:
                 why = "no message of its failed"
             elif kind == CRASH_LOOP and side == "notification" and current and runs <= max_runs:

@@ -107,6 +107,9 @@ WORLDS: dict[str, WorldSpec] = {
     "lost-answers": WorldSpec(notifications=2, faults=10, fault_rate=0.5, opt_outs=False, kinds=(6, 6),
                               call_fault_operations=("/messages",), crash_nodes=frozenset(), duplicates=False,
                               webhook_faults=False, in_transaction_crashes=False),
+    # Cancels (issue 15) before, between and after the claims, with crashes of the host (it asks
+    # again), the workers and the sweeps: a cancel that answered cancelled lets nothing out.
+    "cancels": WorldSpec(notifications=3, faults=6, fault_rate=0.15, cancels=True, cancel_within_s=8, kind_count=6),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -34,11 +34,12 @@ from dispatcher import faults
 from dispatcher.api import WorkspaceClient
 from dispatcher.api.errors import ApiError
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
-from dispatcher.errors import StateConflict
+from dispatcher.errors import StateConflict, TooLate, UnknownNotification
 from dispatcher.intake.accept import accept
 from dispatcher.intake.request import NotificationRequest
 from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.operations import set_aside
+from dispatcher.operations.cancel import cancel as cancel_notification
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
 from dispatcher.policy.ratelimit import LocalLimiter
@@ -255,7 +256,7 @@ class Node:
 @dataclass(frozen=True)
 class HostEvent:
     at: float
-    kind: str  # "notify", "suppress", "stop_reply"
+    kind: str  # "notify", "suppress", "stop_reply", "cancel"
     index: int  # the notification (or recipient) it is about
     waited: int = 0  # a STOP reply put off because the recipient had no SMS conversation yet
 
@@ -287,6 +288,8 @@ class WorldSpec:
     crash_skip_points: int = 0  # after this many (a crash loop past the inbox listing, in the attempt's own steps)
     call_fault_operations: tuple[str, ...] = ()  # faults only on calls whose path holds one of these (empty: every call)
     operator: bool = False  # an operator retries notifications set aside (crash_loop), a minute after they are
+    cancels: bool = False  # the host may cancel each notification, up to cancel_within_s after handing it over
+    cancel_within_s: int = 10
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -356,6 +359,7 @@ class World:
         self.opted_out_at: dict[int, float] = {}  # recipient index -> when the opt-out was committed
         self.stop_messages: dict[int, tuple[int, str]] = {}  # a STOP reply's message ID -> (recipient's index, channel)
         self.stops_recorded: set[tuple[int, str]] = set()  # STOP replies our receiver recorded
+        self.cancels_asked: set[str] = set()  # event IDs the host asked to cancel
         self.checks = checks
         self.violations: list[Violation] = []
         self.memory: dict[str, Any] = {}  # what the invariants remember between steps
@@ -391,7 +395,13 @@ class World:
             if chosen:
                 kind = ("suppress", "stop_reply")[self.choices.pick(2)]
                 events.append(HostEvent(self.clock.now + self.choices.pick(self.spec.opt_out_within_s), kind, chosen - 1))
-        return sorted(events, key=lambda e: (e.at, e.index))
+        if self.spec.cancels:  # drawn last, and only here: the other worlds' seeds keep their draws
+            handed_over = {e.index: e.at for e in events if e.kind == "notify"}
+            for index in range(self.spec.notifications):
+                if self.choices.pick(2):  # within the hand-over's step, or up to cancel_within_s later
+                    events.append(HostEvent(handed_over[index] + self.choices.pick(self.spec.cancel_within_s * 10) / 10,
+                                            "cancel", index))
+        return sorted(events, key=lambda e: (e.at, e.index))  # stable: a hand-over before its cancel at the same moment
 
     def _request(self, index: int) -> NotificationRequest:
         # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback; 4: never confirmed
@@ -759,8 +769,25 @@ class World:
             Recipients(self.sessions, self.settings).suppress({"phone_number": request.contact.phone_number})
             self.opted_out_at.setdefault(host_event.index, self.clock.now)
             self.note(f"host suppressed the recipient of ev-{host_event.index}")
+        elif host_event.kind == "cancel":
+            self._cancel(host_event.index)
         else:
             self._stop_reply(host_event)
+
+    def _cancel(self, index: int) -> None:
+        """The host cancels (the real operation, as ``Dispatcher.cancel`` runs it); a crash before its
+        answer makes the host ask again after its restart, as a host's retry would."""
+        event_id = f"ev-{index}"
+        self.cancels_asked.add(event_id)
+        try:
+            record = cancel_notification(self.sessions, event_id, clock=self.clock.utc)
+        except TooLate as late:
+            self.note(f"host cancels {event_id}: too late ({late.state})")
+            return
+        except UnknownNotification:  # its hand-over died with the host and comes again: nothing to cancel yet
+            self.note(f"host cancels {event_id}: not handed over yet")
+            return
+        self.note(f"host cancels {event_id}: {record.state}")
 
     def _set_aside_due(self, now: float) -> str | None:
         """A notification set aside a minute ago or more (the operator looks, finds the cause, retries)."""
