@@ -16,7 +16,7 @@ from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.operations import cancel as host_cancel
-from dispatcher.operations import set_aside
+from dispatcher.operations import retry as host_retry
 from dispatcher.recipients.controls import Recipient, Recipients
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import session_factory, shared_engine
@@ -61,10 +61,16 @@ class Dispatcher:
         when it is no longer scheduled; InvalidEvent naming ``send_at`` for a bad time."""
         return host_cancel.reschedule(self.sessions, event_id, send_at)
 
-    def retry(self, event_id: str) -> NotificationRecord:
-        """Run again a notification set aside as ``crash_loop`` (its send task kept dying);
-        StateConflict when it is not set aside, UnknownNotification when there is none."""
-        return set_aside.retry(self.sessions, event_id)
+    def retry(self, event_id: str,
+              request: NotificationRequest | dict[str, Any] | str | bytes | None = None) -> NotificationRecord:
+        """Run a notification again: one set aside as ``crash_loop`` (its send task kept dying)
+        from where it was; a ``failed`` one as a new attempt on its route, the same event, with no
+        second fallback. A failed notification's content was deleted when it failed, so hand the
+        same ``request`` over with its retry. StateConflict when it is neither failed nor set
+        aside (or the content is missing); EventConflict for a different request;
+        UnknownNotification when there is none."""
+        parsed = parse_request(request) if request is not None else None
+        return host_retry.retry(self.sessions, self.settings, self.enqueuer, event_id, parsed)
 
     def suppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
                  category: str | None = None) -> int:
@@ -117,6 +123,11 @@ def cancel(event_id: str) -> NotificationRecord:
 def reschedule(event_id: str, send_at: datetime) -> NotificationRecord:
     """Move a scheduled notification to another time (see :meth:`Dispatcher.reschedule`)."""
     return default_dispatcher().reschedule(event_id, send_at)
+
+
+def retry(event_id: str, request: NotificationRequest | dict[str, Any] | str | bytes | None = None) -> NotificationRecord:
+    """Run a failed or set-aside notification again (see :meth:`Dispatcher.retry`)."""
+    return default_dispatcher().retry(event_id, request)
 
 
 def suppress(recipient: Recipient | dict[str, Any], *, channel: str | None = None, category: str | None = None) -> int:

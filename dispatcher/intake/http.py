@@ -3,8 +3,8 @@
 ``POST /v1/notifications`` hands over one notification request (the JSON of
 :class:`~dispatcher.intake.request.NotificationRequest`); ``GET /v1/notifications/{event_id}`` reads its
 record back, ``DELETE`` there cancels it (409 ``too_late`` with its state once a worker has it) and
-``PATCH`` with ``{"send_at": ...}`` moves a scheduled one. docs/http-intake.md has every answer with
-an example body. In this order, a POST is:
+``PATCH`` with ``{"send_at": ...}`` moves a scheduled one, and ``POST`` there (with the request, for
+a failed one) retries it. docs/http-intake.md has every answer with an example body. In this order, a POST is:
 
 1. authenticated: ``Authorization: Bearer <token>``, compared in constant time (401 with
    ``WWW-Authenticate: Bearer`` when missing or wrong; nothing else is looked at before this);
@@ -47,7 +47,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dispatcher.errors import ConfigurationError, EventConflict, InvalidEvent, TooLate, UnknownNotification
+from dispatcher.errors import (
+    ConfigurationError,
+    EventConflict,
+    InvalidEvent,
+    StateConflict,
+    TooLate,
+    UnknownNotification,
+)
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.backlog import BacklogGate
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
@@ -70,7 +77,7 @@ _NO_STORE = {"Cache-Control": "no-store"}
 # Every method reaches the endpoints, so that a wrong one is answered 405 in JSON too.
 _ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 # What each method asks of one notification (its URL names it).
-_ITEM_METHODS = {"GET": "read", "DELETE": "cancel", "PATCH": "reschedule"}
+_ITEM_METHODS = {"GET": "read", "DELETE": "cancel", "PATCH": "reschedule", "POST": "retry"}
 
 
 class _Refusal(Exception):
@@ -177,7 +184,8 @@ def create_intake_routes(
                             status_code=202, headers={"Location": status_url, **_NO_STORE})
 
     async def notification(request: Request) -> Response:
-        """``GET``: the record; ``DELETE``: cancel it; ``PATCH`` with ``{"send_at": ...}``: reschedule it."""
+        """``GET``: the record; ``DELETE``: cancel it; ``PATCH`` with ``{"send_at": ...}``: reschedule it;
+        ``POST`` (with the request it was handed over with, for a failed one): retry it."""
         if request.method not in _ITEM_METHODS:
             allowed = ", ".join(_ITEM_METHODS)
             return _error(_Refusal(405, "method_not_allowed", "method", f"use {allowed}", {"Allow": allowed}))
@@ -192,6 +200,12 @@ def create_intake_routes(
                 _check_content_type(request)
                 send_at = _send_at_of(_parse_json(await _read_body(request, max_body_bytes)))
                 record = await run_in_threadpool(dispatcher.reschedule, event_id, send_at)
+            elif request.method == "POST":
+                body = await _read_body(request, max_body_bytes)
+                if body.strip():
+                    _check_content_type(request)
+                handed_over = _parse_json(body) if body.strip() else None
+                record = await run_in_threadpool(dispatcher.retry, event_id, handed_over)
             elif request.method == "DELETE":
                 record = await run_in_threadpool(dispatcher.cancel, event_id)
             else:
@@ -204,8 +218,12 @@ def create_intake_routes(
             log.info("intake %s %s: too late, it is %s (409)", logged, asked, late.state)
             return JSONResponse({"error": "too_late", "field": "state", "state": late.state,
                                  "detail": f"too late to {asked}: it is {late.state}"}, status_code=409, headers=_NO_STORE)
+        except EventConflict as conflict:  # before InvalidEvent: it is one
+            return _refused(_Refusal(409, "conflict", conflict.field, conflict.problem), logged)
         except InvalidEvent as invalid:
             return _refused(_Refusal(422, "invalid_request", _safe_field(invalid.field), invalid.problem), logged)
+        except StateConflict as conflict:  # a retry of a notification that is not failed nor set aside
+            return _refused(_Refusal(409, "not_retryable", "state", str(conflict)), logged)
         except SQLAlchemyError as error:
             log.error("intake %s %s not done: %s (503)", asked, logged, type(error).__name__)
             return _error(_STORE_UNAVAILABLE)

@@ -543,7 +543,8 @@ def resend_as_template(session: Session, *, notification_id: int, failed_number:
 
 
 def end_failed(session: Session, *, notification_id: int, error_kind: str, detail: str | None, now: datetime) -> bool:
-    """Nothing more will be sent (the fallback failed too): the notification ends failed, with why."""
+    """Nothing more will be sent (the fallback, or a host's retry, failed too): the notification
+    ends failed, with why."""
     return _won(session.execute(
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id,
@@ -580,6 +581,30 @@ def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, er
                 fallback_reason=func.coalesce(NOTIFICATIONS.c.fallback_reason, error_kind),
                 fallback_decided_at=func.coalesce(NOTIFICATIONS.c.fallback_decided_at, now))
     )
+    return True
+
+
+def retry_failed(session: Session, *, notification_id: int, route: str, channel: str, now: datetime) -> bool:
+    """A host retries a failed notification: it is queued again with a new current attempt (purpose
+    ``retry``, on ``route``), its record cleared of the failed attempt's message and error. Its
+    fallback decision stays: the retry's failure ends it again, and no second fallback is made.
+    False when it is not failed (nothing is changed)."""
+    number = session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id,
+               NOTIFICATIONS.c.state.in_(_starts_for("retry_failed", "notification", NotificationState.QUEUED)))
+        .values(state=NotificationState.QUEUED, current_attempt=NOTIFICATIONS.c.current_attempt + 1, channel=channel,
+                inbox_id=None, conversation_id=None, message_id=None, accepted_at=None, delivery_state=None,
+                error_kind=None, error_detail=None, enqueued_at=None, next_try_at=None, updated_at=now)
+        .returning(NOTIFICATIONS.c.current_attempt)
+    ).scalar_one_or_none()
+    if number is None:
+        return False
+    _insert_ignoring_conflict(session, {
+        "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.RETRY, "route": route,
+        "channel": channel, "state": _ends_in("retry_failed", "attempt", AttemptState.QUEUED), "tries": 0,
+        "created_at": now, "updated_at": now,
+    })
     return True
 
 

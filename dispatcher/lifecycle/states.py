@@ -39,13 +39,20 @@ class NotificationState(StrEnum):
 
 
 class AttemptPurpose(StrEnum):
-    """What an attempt is for. A notification has at most one of each, numbered in this order of
-    making: the first send; a resend as the approved template on the same route, after 131047
-    (the customer-service window was closed when free text went out); the single fallback."""
+    """What an attempt is for, numbered in this order of making: the first send; a resend as the
+    approved template on the same route, after 131047 (the customer-service window was closed when
+    free text went out); the single fallback; then, only when a host asks, a retry of the failed
+    notification, one per ask. A notification has at most one of each of the first three."""
 
     FIRST = "first"
     TEMPLATE = "template"
     FALLBACK = "fallback"
+    RETRY = "retry"  # a host's retry of a failed notification: on its route again, after the decision
+
+
+# Attempts made after the single fallback decision: their failure ends the notification, and no
+# decision, template resend or deadline follows them.
+AFTER_DECISION_PURPOSES = frozenset({AttemptPurpose.FALLBACK, AttemptPurpose.RETRY})
 
 
 # Delivery rank: a report may only raise it. FAILED is terminal, so it outranks everything.

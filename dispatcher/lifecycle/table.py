@@ -68,7 +68,8 @@ def kept(states: Iterable[str], guard: str = "") -> Side:
 ACCEPTED = (A.ACCEPTED, A.SENT, A.DELIVERED, A.READ)
 DECIDABLE = (N.QUEUED, N.SENDING, N.ACCEPTED, N.SENT, N.DELIVERED)  # the first attempt, not yet settled
 UNDELIVERED = (N.ACCEPTED, N.SENT)  # the first attempt's message exists, no delivery report yet
-AFTER_FALLBACK = (N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)  # the fallback's attempt, not yet settled
+# the attempt after the decision (the fallback's, or a retry's), not yet settled
+AFTER_DECISION = (N.QUEUED, N.SENDING, N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)
 
 # A run's own moves on an attempt it read: another run's claim since makes the attempt that run's
 # (the moves check the claims the run knows, its own claim included).
@@ -142,7 +143,11 @@ MOVES: dict[str, Move] = {
              attempt=every(SENDABLE_ATTEMPT_STATES, [A.FAILED], "as a claim would take it: in flight only past its lease, "
                            "nobody claimed it since this worker read it"),
              notification=every(SENDABLE_NOTIFICATION_STATES, [N.FAILED], "ends with opted_out or no_consent")),
-        Move("end_failed", "the fallback failed too: nothing more is sent",
-             notification=every(AFTER_FALLBACK, [N.FAILED])),
+        Move("end_failed", "the attempt after the decision failed too (the fallback, or a host's retry): nothing more is sent",
+             notification=every(AFTER_DECISION, [N.FAILED])),
+        Move("retry_failed", "a host retries a failed notification: one new attempt on its route, same event; the "
+             "decision stays made, so no second fallback follows",
+             notification=every([N.FAILED], [N.QUEUED], "its content is kept or handed over again"),
+             attempt=every([NEW], [A.QUEUED], "the retry attempt, numbered after the last")),
     )
 }

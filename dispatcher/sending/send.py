@@ -30,6 +30,7 @@ from dispatcher.errors import InvalidEvent
 from dispatcher.intake.request import ContactDetails, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import (
+    AFTER_DECISION_PURPOSES,
     SENDABLE_ATTEMPT_STATES,
     SENDABLE_NOTIFICATION_STATES,
     AttemptPurpose,
@@ -255,7 +256,7 @@ def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, c
                                    error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
     if moved:
         detail = f"past the send deadline: {pause.detail}"
-        if purpose is AttemptPurpose.FALLBACK:
+        if purpose in AFTER_DECISION_PURPOSES:
             tracking.end_after_fallback_failed(notification_id, pause.reason, detail, ctx)
         else:
             tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
@@ -436,8 +437,8 @@ def _current_attempt(row: Any) -> tuple[int, str, AttemptPurpose]:
 
 def _last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, payload: SendPayload | None) -> bool:
     """No other attempt can follow this one's acceptance, so its content may go with it: the
-    fallback, or one with no fallback route that no template resend can follow."""
-    if purpose is AttemptPurpose.FALLBACK:
+    fallback or a retry, or one with no fallback route that no template resend can follow."""
+    if purpose in AFTER_DECISION_PURPOSES:
         return True
     may_resend = purpose is AttemptPurpose.FIRST and payload is not None and payload.template is not None
     return fallback_route is None and not may_resend
@@ -659,7 +660,7 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str, *, looked: 
                  error_kind)
         return SendResult(Outcome.SKIPPED, f"{error_kind}, but the attempt moved on since this run read it")
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
-    if job.purpose is AttemptPurpose.FALLBACK:
+    if job.purpose in AFTER_DECISION_PURPOSES:
         tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
     else:
         tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)

@@ -18,7 +18,12 @@ from sqlalchemy import Row, bindparam, delete, exists, func, or_, select, text, 
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
-from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES, AttemptPurpose, AttemptState, NotificationState
+from dispatcher.lifecycle.states import (
+    AFTER_DECISION_PURPOSES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptState,
+    NotificationState,
+)
 from dispatcher.policy import channels as channel_rules
 from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.store.db import insert_for
@@ -142,6 +147,12 @@ def add_notification(session: Session, notification: Notification, payload_body:
     session.add(Payload(notification_id=notification.id, body=payload_body))
     session.flush()
     return notification
+
+
+def add_payload(session: Session, notification_id: int, payload_body: dict[str, Any]) -> None:
+    """Keep a payload again for a notification whose payload was dropped (a host's retry brings it)."""
+    session.add(Payload(notification_id=notification_id, body=payload_body))
+    session.flush()
 
 
 def serialize_route_intake(session: Session, route: str) -> None:
@@ -531,7 +542,7 @@ def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: d
             Attempt.message_id.is_not(None),
             Attempt.next_read_at <= now,
             Attempt.number == Notification.current_attempt,
-            or_(Attempt.purpose == AttemptPurpose.FALLBACK, Notification.fallback_decision.is_(None)),
+            or_(Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)), Notification.fallback_decision.is_(None)),
         )
         .order_by(Attempt.next_read_at)
         .limit(limit)
@@ -568,7 +579,7 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
             Attempt.number == Notification.current_attempt,
-            Attempt.purpose != AttemptPurpose.FALLBACK,
+            Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)),
             Attempt.route == route,
             Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
             Attempt.accepted_at < accepted_before,
@@ -582,7 +593,7 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
 
 def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, str, str | None, str | None]]:
     """Failed current attempts whose consequence is missing: a first or template attempt with no
-    fallback decision, or a fallback whose notification was not ended.
+    fallback decision, or a fallback or retry whose notification was not ended.
     (notification id, attempt purpose, error kind, detail)"""
     rows = session.execute(
         select(Attempt.notification_id, Attempt.purpose, Attempt.error_kind, Attempt.error_detail)
@@ -592,8 +603,8 @@ def undecided_failures(session: Session, *, failed_before: datetime, limit: int)
             Attempt.updated_at < failed_before,
             Attempt.number == Notification.current_attempt,
             or_(
-                (Attempt.purpose != AttemptPurpose.FALLBACK) & Notification.fallback_decision.is_(None),
-                (Attempt.purpose == AttemptPurpose.FALLBACK) & (Notification.state != NotificationState.FAILED),
+                Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & Notification.fallback_decision.is_(None),
+                Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)) & (Notification.state != NotificationState.FAILED),
             ),
         )
         .limit(limit)

@@ -26,7 +26,13 @@ from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
-from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, advance, attempt_state_from_status
+from dispatcher.lifecycle.states import (
+    AFTER_DECISION_PURPOSES,
+    AttemptPurpose,
+    AttemptState,
+    advance,
+    attempt_state_from_status,
+)
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import next_read_at
 from dispatcher.recipients import keywords, platform, suppressions
@@ -259,7 +265,7 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
             if mark_processed is not None:
                 mark_processed(session, f"applied_{new.value}")
             return f"applied_{new.value}"
-    if purpose is AttemptPurpose.FALLBACK:
+    if purpose in AFTER_DECISION_PURPOSES:
         return end_fallback_after_external_failure(notification_id, outcome.external_error, ctx)
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
 
@@ -311,14 +317,14 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     """Finish what a process killed between recording a failure and deciding left undone.
 
     A failed first attempt with no decision gets it (by its error code, or as a send failure);
-    a failed fallback whose notification is not ended is ended. Both are idempotent.
+    a failed fallback or retry whose notification is not ended is ended. Both are idempotent.
     """
     with ctx.sessions() as session:
         undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
     for notification_id, purpose, error_kind, error_detail in undecided:
-        if purpose == AttemptPurpose.FALLBACK and error_kind == "external_error":
+        if purpose in AFTER_DECISION_PURPOSES and error_kind == "external_error":
             end_fallback_after_external_failure(notification_id, error_detail, ctx)
-        elif purpose == AttemptPurpose.FALLBACK:
+        elif purpose in AFTER_DECISION_PURPOSES:
             end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
         elif error_kind == "external_error":
             decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))

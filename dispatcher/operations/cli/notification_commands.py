@@ -128,20 +128,27 @@ def reschedule_command(event_id: str, send_at: str) -> None:
 
 @click.command("retry")
 @click.argument("event_id")
-def retry_command(event_id: str) -> None:
-    """Run again a notification set aside as crash_loop (its send task kept dying).
+@click.option("--file", "-f", "source", type=click.File("rb"),
+              help="The request it was handed over with (JSON, or - for stdin): a failed notification's content "
+                   "was deleted when it failed.")
+def retry_command(event_id: str, source: IO[bytes] | None) -> None:
+    """Run a notification again: a failed one, or one set aside as crash_loop.
 
-    Fix the cause first (the worker's log says why it died). The next run looks for a message
-    the dying runs may have sent before it sends anything. Exit code 2 when the notification is
-    not set aside or does not exist.
+    A failed notification gets one new attempt on its route, the same event; its fallback
+    decision stays made, so no second fallback follows. Its content was deleted when it failed:
+    give the same request with --file. A notification set aside (its send task kept dying) runs
+    again from where it was: fix the cause first (the worker's log says why it died); its next
+    run looks for a message the dying runs may have sent before it sends anything. Exit code 2
+    when it is neither, or does not exist, or the request is not the one handed over.
 
     \b
     Examples:
-      dispatcher list --state sending
-      dispatcher retry appt-42
+      dispatcher list --state failed
+      dispatcher retry appt-42 --file reminder.json
+      dispatcher retry appt-43
     """
-    record = _dispatcher().retry(event_id)
-    click.echo(f"{record.event_id}: retried; the sweep hands it to a worker within seconds")
+    record = _dispatcher().retry(event_id, source.read() if source is not None else None)
+    click.echo(f"{record.event_id}: retried; it is {record.state}, and a worker takes it within seconds")
 
 
 @click.command("list")

@@ -4,12 +4,14 @@ the state; a bad time names send_at."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy.orm import Session, sessionmaker
 
 import dispatcher.service as service
 from dispatcher.errors import InvalidEvent, TooLate, UnknownNotification
@@ -161,3 +163,73 @@ def test_the_examples_in_the_docs_work_as_written(tmp_path: Path, clean_environm
         with service.default_dispatcher().sessions.begin() as session:  # the next run hands it over anew
             notification = store.find_notification_by_event(session, "appt-2026-0002")
             session.delete(notification)
+
+
+def fail_notification(sessions: sessionmaker[Session], event_id: str) -> None:
+    """The notification failed (its first attempt refused, no fallback), and its content went with it."""
+    now = datetime.now(UTC)
+    with sessions.begin() as session:
+        notification = store.find_notification_by_event(session, event_id)
+        assert notification is not None
+        attempt = store.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
+                                     channel="messaging_platform", now=now)
+        assert moves.fail_attempt(session, notification_id=notification.id, attempt_id=attempt.id, seen_claims=0,
+                                  error_kind="rejected", detail="422: refused", now=now)
+        assert moves.decide_fallback(session, notification_id=notification.id, now=now, decision=moves.FallbackDecision(
+            fall_back=False, reason="send_failed (rejected)", failed=True, error_kind="rejected"))
+        store.drop_payload(session, notification.id)
+
+
+def test_post_to_a_failed_notification_retries_it_with_its_request(intake: Intake) -> None:
+    request = valid_request("appt-9")
+    intake.post(request)
+    assert intake.client.post(f"{PATH}/appt-9", headers=AUTH).json()["error"] == "not_retryable"  # queued, not failed
+    fail_notification(intake.dispatcher.sessions, "appt-9")
+    no_content = intake.client.post(f"{PATH}/appt-9", headers=AUTH)
+    assert no_content.status_code == 409 and "content was deleted" in no_content.json()["detail"]
+    other = intake.client.post(f"{PATH}/appt-9", json=valid_request("appt-9", content="Another text"), headers=AUTH)
+    assert (other.status_code, other.json()["error"]) == (409, "conflict")
+    retried = intake.client.post(f"{PATH}/appt-9", json=request, headers=AUTH)
+    assert retried.status_code == 200, retried.text
+    record = retried.json()
+    assert (record["state"], record["error_kind"], record["fallback_decision"]) == ("queued", None, "none")
+    assert [(a["number"], a["purpose"], a["state"]) for a in record["attempts"]] == [(1, "first", "failed"),
+                                                                                     (2, "retry", "queued")]
+    assert intake.payloads() == 1 and intake.enqueuer.sent[-1] == intake.enqueuer.sent[0]
+    assert PHONE not in retried.text and CONTENT not in retried.text
+
+
+def test_the_retry_examples_in_the_docs_work_as_written(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment.setattr(service, "_default", None)
+    clean_environment.setenv("DISPATCHER_CONFIG", str(REPO_ROOT / "config" / "dispatcher.example.toml"))
+    clean_environment.setenv("DISPATCHER_DATABASE_URL", f"sqlite:///{tmp_path}/docs.sqlite")
+    clean_environment.setenv("DISPATCHER_BROKER_URL", "memory://")
+    clean_environment.chdir(REPO_ROOT)  # the shell example names docs/examples/reminder.json from the checkout
+    section = (REPO_ROOT / "docs" / "notifications.md").read_text().split("## Retrying a failed one")[1]
+    python_block = section.split("```python\n")[1].split("```")[0]
+    [shell_line] = section.split("```sh\n")[1].split("```")[0].strip().splitlines()
+    request = json.loads((REPO_ROOT / "docs" / "examples" / "reminder.json").read_text())
+    dispatcher = service.default_dispatcher()
+    dispatcher.notify(request)
+    fail_notification(dispatcher.sessions, request["event_id"])
+    namespace: dict[str, Any] = {"request": request}
+    exec(compile("import dispatcher\n" + python_block, "docs/notifications.md", "exec"), namespace)  # noqa: S102
+    assert namespace["record"].state == "queued" and len(namespace["record"].attempts) == 2
+    fail_notification_again(dispatcher.sessions, request["event_id"])
+    result = CliRunner().invoke(cli, shell_line.split()[1:])
+    assert result.exit_code == 0, result.output
+    assert [a.purpose for a in dispatcher.status(request["event_id"]).attempts] == ["first", "retry", "retry"]
+
+
+def fail_notification_again(sessions: sessionmaker[Session], event_id: str) -> None:
+    """The retry's attempt failed too: the notification ends failed again (end_failed)."""
+    now = datetime.now(UTC)
+    with sessions.begin() as session:
+        notification = store.find_notification_by_event(session, event_id)
+        assert notification is not None
+        attempt = store.open_attempt(session, notification_id=notification.id, number=notification.current_attempt,
+                                     route="reminders", channel="messaging_platform", now=now)
+        assert moves.fail_attempt(session, notification_id=notification.id, attempt_id=attempt.id, seen_claims=0,
+                                  error_kind="rejected", detail="422: refused", now=now)
+        assert moves.end_failed(session, notification_id=notification.id, error_kind="rejected", detail="422", now=now)
+        store.drop_payload(session, notification.id)
