@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         UnknownNotification,
         WebhookRejected,
     )
+    from dispatcher.intake.batch import BatchItem
     from dispatcher.intake.request import NotificationRequest
     from dispatcher.recipients.controls import Recipient
     from dispatcher.service import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         cancel,
         is_suppressed,
         notify,
+        notify_many,
         record_consent,
         reschedule,
         retry,
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "notify": "dispatcher.service",
+    "notify_many": "dispatcher.service",
+    "BatchItem": "dispatcher.intake.batch",
     "status": "dispatcher.service",
     "Dispatcher": "dispatcher.service",
     "cancel": "dispatcher.service",

@@ -7,6 +7,7 @@ environment on first use.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
+from dispatcher.intake import batch
+from dispatcher.intake.batch import BatchItem
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.operations import cancel as host_cancel
 from dispatcher.operations import retry as host_retry
@@ -45,6 +48,13 @@ class Dispatcher:
         EventConflict when the event ID was handed over before with a different request.
         """
         return intake.accept(parse_request(request), sessions=self.sessions, settings=self.settings, enqueuer=self.enqueuer)
+
+    def notify_many(self, requests: Sequence[NotificationRequest | dict[str, Any] | str | bytes]) -> list[BatchItem]:
+        """Hand over up to 1,000 business events at once: a result per item, in their order,
+        ``accepted``, ``duplicate`` (handed over before with the same request) or ``refused`` (with
+        the field at fault and the problem; nothing of it is stored). One bad item refuses only
+        itself. Each item is idempotent by its event ID, as with :meth:`notify`."""
+        return batch.accept_many(requests, sessions=self.sessions, settings=self.settings, enqueuer=self.enqueuer)
 
     def status(self, event_id: str) -> NotificationRecord:
         """The notification's record; UnknownNotification when there is none."""
@@ -109,6 +119,11 @@ def default_dispatcher() -> Dispatcher:
 def notify(request: NotificationRequest | dict[str, Any] | str | bytes) -> NotificationRecord:
     """Hand over one business event (see :meth:`Dispatcher.notify`)."""
     return default_dispatcher().notify(request)
+
+
+def notify_many(requests: Sequence[NotificationRequest | dict[str, Any] | str | bytes]) -> list[BatchItem]:
+    """Hand over many business events at once (see :meth:`Dispatcher.notify_many`)."""
+    return default_dispatcher().notify_many(requests)
 
 
 def status(event_id: str) -> NotificationRecord:

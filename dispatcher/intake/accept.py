@@ -110,7 +110,7 @@ def _check_consent(session: Session, request: NotificationRequest, fallback_rout
                                           "give consent_ref, or record the consent first")
 
 
-def _category(request: NotificationRequest, settings: Settings) -> str:
+def category_of(request: NotificationRequest, settings: Settings) -> str:
     """The request's category; else ``marketing`` for a template approved as MARKETING; else the route's."""
     if request.category is not None:
         return request.category
@@ -152,7 +152,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         route=request.route,
         fallback_route=fallback_route,
         channel=settings.routes[request.route].channel.value,
-        category=_category(request, settings),
+        category=category_of(request, settings),
         created_at=now,
         updated_at=now,
     )

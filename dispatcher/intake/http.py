@@ -33,6 +33,7 @@ import hmac
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -57,6 +58,7 @@ from dispatcher.errors import (
 )
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.backlog import BacklogGate
+from dispatcher.intake.batch import BatchItem
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
 from dispatcher.service import Dispatcher
 from dispatcher.settings import ENV_PREFIX, load_settings
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 
 NOTIFICATIONS_PATH = "/v1/notifications"
 RECIPIENTS_PATH = "/v1/recipients"
+BATCHES_PATH = "/v1/notification-batches"
+BATCH_BODY_FACTOR = 64  # a batch's body may be this many single bodies long (4 MiB by default): 1,000 reminders fit
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_RETRY_AFTER_S = 10
 TOKEN_VARIABLE = f"{ENV_PREFIX}INTAKE_TOKEN"
@@ -234,6 +238,34 @@ def create_intake_routes(
             log.info("intake %s %s: %s (200)", logged, asked, record.state)
         return JSONResponse(record.model_dump(mode="json"), headers=_NO_STORE)
 
+    async def batches(request: Request) -> Response:
+        """``POST /v1/notification-batches``: ``{"notifications": [<request>, ...]}``, up to 1,000;
+        200 with a result per item, in their order (docs/http-intake.md)."""
+        if request.method != "POST":
+            return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
+        try:
+            authenticate(request)
+            if backlog.enabled and await run_in_threadpool(backlog.is_full):
+                raise backlogged
+            _check_content_type(request)
+            data = _parse_json(await _read_body(request, max_body_bytes * BATCH_BODY_FACTOR))
+            if not isinstance(data, dict) or set(data) != {"notifications"} or not isinstance(data["notifications"], list):
+                raise InvalidEvent("body", "an object with notifications only: a list of notification requests")
+            results = await run_in_threadpool(dispatcher.notify_many, data["notifications"])
+        except _Refusal as refusal:
+            return _refused(refusal, "-")
+        except InvalidEvent as invalid:
+            return _refused(_Refusal(422, "invalid_request", _safe_field(invalid.field), invalid.problem), "-")
+        except SQLAlchemyError as error:
+            log.error("intake batch not stored: %s (503)", type(error).__name__)
+            return _error(_STORE_UNAVAILABLE)
+        except Exception as error:
+            log.error("intake batch failed: %s (500)", type(error).__name__)
+            return _error(_INTERNAL_ERROR)
+        log.info("intake batch: %s (200)", ", ".join(f"{count} {outcome}" for outcome, count in
+                                                    sorted(Counter(r.outcome.value for r in results).items())))
+        return JSONResponse({"results": [_item_answer(result) for result in results]}, headers=_NO_STORE)
+
     async def recipients(request: Request) -> Response:
         """``POST /v1/recipients/{action}``: the host's opt-out and consent controls (docs/opt-outs.md).
         The recipient travels in the body, never in the URL."""
@@ -265,6 +297,7 @@ def create_intake_routes(
     return [
         Route(RECIPIENTS_PATH + "/{action}", recipients, methods=_ANY_METHOD, name="intake_recipients"),
         Route(NOTIFICATIONS_PATH, notifications, methods=_ANY_METHOD, name="intake_notify"),
+        Route(BATCHES_PATH, batches, methods=_ANY_METHOD, name="intake_batches"),
         Route(NOTIFICATIONS_PATH + "/{event_id:path}", notification, methods=_ANY_METHOD, name="intake_status"),
     ]
 
@@ -351,6 +384,18 @@ def _parse_json(body: bytes) -> Any:
         return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
         raise _Refusal(400, "malformed_json", "body", "is not valid JSON") from None
+
+
+def _item_answer(result: BatchItem) -> dict[str, Any]:
+    """One item's result: index, event_id, outcome, and its state or its refusal (field, detail)."""
+    answer: dict[str, Any] = {"index": result.index, "event_id": result.event_id, "outcome": result.outcome.value}
+    if result.state is not None:
+        answer["state"] = result.state
+    if result.field is not None:
+        answer["field"] = _safe_field(result.field)
+    if result.problem is not None:
+        answer["detail"] = result.problem
+    return answer
 
 
 def _send_at_of(data: Any) -> datetime:

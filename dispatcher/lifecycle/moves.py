@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, exists, func, or_, select, update
+from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
@@ -98,10 +98,26 @@ class Accepted:
 # --- creating rows ----------------------------------------------------------------------------
 
 
-def new_notification(*, send_at: datetime | None, **fields: Any) -> Notification:
-    """A notification as the ``create`` move makes it: scheduled when it has a time, else queued."""
+def created_state(send_at: datetime | None) -> str:
+    """The state the ``create`` move gives a notification: scheduled when it has a time, else queued."""
     state = NotificationState.SCHEDULED if send_at is not None else NotificationState.QUEUED
-    return Notification(state=_ends_in("create", "notification", state), send_at=send_at, **fields)
+    return _ends_in("create", "notification", state)
+
+
+def new_notification(*, send_at: datetime | None, **fields: Any) -> Notification:
+    """A notification as the ``create`` move makes it."""
+    return Notification(state=created_state(send_at), send_at=send_at, **fields)
+
+
+def create_many(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Insert many notifications at once (a host's batch), each as ``create`` makes it, in one
+    statement; their IDs by event ID. A row whose event ID exists already fails the statement
+    (the caller's transaction is then undone, and it hands the items over one by one)."""
+    if not rows:
+        return {}
+    values = [{**row, "state": created_state(row["send_at"])} for row in rows]
+    inserted = session.execute(insert(NOTIFICATIONS).returning(NOTIFICATIONS.c.id, NOTIFICATIONS.c.event_id), values)
+    return {event_id: notification_id for notification_id, event_id in inserted}
 
 
 def open_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime,

@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay", "consumer")
+ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay", "consumer",
+         "intake_batch")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
@@ -45,6 +46,7 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
         "relay": ["relay.py", "--rows", "3000" if quick else "10000"],
         "consumer": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2",
                      "--broker", args.broker],
+        "intake_batch": ["intake_batch.py", "--single", "300" if quick else "1000", "--events", "3000" if quick else "10000"],
     }
 
 

@@ -14,7 +14,7 @@ def test_all_is_exactly_the_public_face() -> None:
         "NotificationRecord", "NotificationRequest", "Settings", "StateConflict", "UnknownNotification",
         "WebhookRejected", "load_settings", "notify", "status",
         "Recipient", "is_suppressed", "record_consent", "suppress", "unsuppress", "withdraw_consent",
-        "cancel", "reschedule", "retry", "TooLate",
+        "cancel", "reschedule", "retry", "TooLate", "notify_many", "BatchItem",
     ])
     for name in dispatcher.__all__:
         assert getattr(dispatcher, name) is not None
