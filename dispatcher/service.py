@@ -69,7 +69,7 @@ class Dispatcher:
     def reschedule(self, event_id: str, send_at: datetime) -> NotificationRecord:
         """Move a scheduled notification to ``send_at`` (timezone-aware, in the future). TooLate
         when it is no longer scheduled; InvalidEvent naming ``send_at`` for a bad time."""
-        return host_cancel.reschedule(self.sessions, event_id, send_at)
+        return host_cancel.reschedule(self.sessions, self.settings, event_id, send_at)
 
     def retry(self, event_id: str,
               request: NotificationRequest | dict[str, Any] | str | bytes | None = None) -> NotificationRecord:

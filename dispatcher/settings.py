@@ -81,6 +81,28 @@ class Route(BaseModel):
     category: str = Field(default="service", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
     opt_out_keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_OPT_OUT_KEYWORDS))
     opt_in_keywords: list[str] = Field(default_factory=lambda: list(DEFAULT_OPT_IN_KEYWORDS))
+    # Quiet hours (dispatcher.policy.quiet_hours): send only between these times of day ("08:00-20:00"),
+    # in the recipient's time zone (the request's contact.time_zone), else time_zone, else default_time_zone.
+    send_window: str | None = None
+    time_zone: str | None = None
+
+    @field_validator("send_window")
+    @classmethod
+    def _window(cls, value: str | None) -> str | None:
+        from dispatcher.policy.quiet_hours import SendWindow  # here: the policy package imports this module
+
+        if value is not None:
+            SendWindow.parse(value)
+        return value
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        from dispatcher.policy.quiet_hours import zone  # here: the policy package imports this module
+
+        if value is not None:
+            zone(value)
+        return value
 
     @field_validator("opt_out_keywords", "opt_in_keywords")
     @classmethod
@@ -198,6 +220,8 @@ class Settings(BaseSettings):
     breaker_cap_s: float = Field(default=120.0, gt=0)
     # A notification not accepted this long after it was due fails, with the reason it waited for.
     send_deadline_s: float = Field(default=86400.0, gt=0)
+    # The time zone of a route's send window when neither the recipient nor the route names one.
+    default_time_zone: str = "UTC"
     # Redis broker: a task a worker took and never acknowledged (it was killed whole) comes back
     # after this, plus one restore period (dispatcher.queues): a lost worker's work within 60 s.
     broker_visibility_timeout_s: int = Field(default=DEFAULT_VISIBILITY_TIMEOUT_S, gt=0)
@@ -240,6 +264,14 @@ class Settings(BaseSettings):
     # Routes and the template registry.
     routes: dict[str, Route] = Field(default_factory=dict)
     templates: list[Template] = Field(default_factory=list)
+
+    @field_validator("default_time_zone")
+    @classmethod
+    def _default_zone(cls, value: str) -> str:
+        from dispatcher.policy.quiet_hours import zone  # here: the policy package imports this module
+
+        zone(value)
+        return value
 
     @field_validator("api_url")
     @classmethod

@@ -18,6 +18,7 @@ from dispatcher.errors import EventConflict, EventSpent, InvalidEvent, UnknownNo
 from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
+from dispatcher.policy.quiet_hours import SendWindow, next_opening, zone
 from dispatcher.recipients import suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.platform import MARKETING
@@ -119,6 +120,24 @@ def category_of(request: NotificationRequest, settings: Settings) -> str:
     return settings.routes[request.route].category
 
 
+def scheduled_for(request: NotificationRequest, settings: Settings, *, now: datetime) -> datetime | None:
+    """When the notification goes out (None: now). Its ``send_at``, or now, unless that falls
+    outside its route's send window: then the window's next opening, in the recipient's time zone
+    (the route's, else the default, when the request names none)."""
+    due = request.send_at.astimezone(UTC) if request.send_at is not None else None
+    return within_window(due, request.contact.time_zone, settings.routes[request.route], settings, now=now)
+
+
+def within_window(due: datetime | None, time_zone: str | None, route: Route, settings: Settings, *,
+                  now: datetime) -> datetime | None:
+    """``due`` (None: now) moved to the next opening of ``route``'s send window when it falls outside it."""
+    if route.send_window is None:
+        return due
+    where = zone(time_zone or route.time_zone or settings.default_time_zone)
+    opening = next_opening(due or now, SendWindow.parse(route.send_window), where)
+    return due if opening == (due or now) else opening
+
+
 def payload_of(request: NotificationRequest) -> dict[str, object]:
     """What a send still needs; stored apart from the notification and deleted when done."""
     return SendPayload.of(request).stored()
@@ -146,7 +165,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
     _check_consent(session, request, fallback_route, settings, now=now)
     notification = moves.new_notification(
         # in UTC, as the store gives it back: the record built from this row is the one status() reads
-        send_at=request.send_at.astimezone(UTC) if request.send_at is not None else None,
+        send_at=scheduled_for(request, settings, now=now),
         event_id=request.event_id,
         fingerprint=request.fingerprint(),
         route=request.route,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, EventSpent, InvalidEvent
-from dispatcher.intake.accept import accept, category_of, check_request, payload_of
+from dispatcher.intake.accept import accept, category_of, check_request, payload_of, scheduled_for
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.recipients.policy import needs_consent
@@ -183,7 +183,7 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], settin
 def _row(item: _Valid, settings: Settings, now: datetime) -> dict[str, Any]:
     """The notification's columns, for the one insert of the batch."""
     request = item.request
-    send_at = request.send_at.astimezone(UTC) if request.send_at is not None else None
+    send_at = scheduled_for(request, settings, now=now)
     return {
         "event_id": request.event_id, "fingerprint": request.fingerprint(), "route": request.route,
         "fallback_route": item.fallback_route, "channel": settings.routes[request.route].channel.value,

@@ -13,9 +13,20 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dispatcher.errors import InvalidEvent
+from dispatcher.policy.quiet_hours import zone
 from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
@@ -56,6 +67,14 @@ class ContactDetails(BaseModel):
     )
     phone_number: str | None = Field(default=None, repr=False)
     email: Annotated[str, StringConstraints(max_length=EMAIL_MAX_CHARS), PLAIN] | None = Field(default=None, repr=False)
+    time_zone: str | None = None  # IANA; a route's send window is read in it (docs/notifications.md)
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            zone(value)
+        return value
 
     @model_validator(mode="after")
     def _reachable(self) -> ContactDetails:
@@ -123,7 +142,10 @@ class NotificationRequest(BaseModel):
 
     def fingerprint(self) -> str:
         """sha256 of the canonical request: the same event handed over again must match it."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        dumped = self.model_dump(mode="json")
+        if dumped["contact"]["time_zone"] is None:  # added later: absent, so that earlier requests keep their fingerprint
+            del dumped["contact"]["time_zone"]
+        canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -7,7 +7,8 @@ compare-and-set on that attempt, loses. Otherwise it answers too late, with the 
 holds the attempt and its message may exist. Cancelling a cancelled notification answers
 cancelled again, so a host may repeat the call.
 
-A reschedule moves a notification that is still scheduled; its deadlines count from the new time.
+A reschedule moves a notification that is still scheduled (to its route's next send window opening
+when the new time falls outside the window); its deadlines count from the new time.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent, TooLate, UnknownNotification
+from dispatcher.intake.accept import within_window
+from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, NotificationState
+from dispatcher.settings import Settings
 from dispatcher.store import queries as store
 from dispatcher.store.models import Notification, utcnow
 from dispatcher.store.record import NotificationRecord
@@ -53,11 +57,12 @@ def _cancel(session: Session, notification: Notification, *, now: datetime) -> N
     store.drop_payload(session, notification.id)  # nothing will be sent: the content and contact go now
 
 
-def reschedule(sessions: sessionmaker[Session], event_id: str, send_at: datetime, *,
+def reschedule(sessions: sessionmaker[Session], settings: Settings, event_id: str, send_at: datetime, *,
                clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
-    """Send a scheduled notification at ``send_at`` (timezone-aware, in the future) instead.
-    InvalidEvent names ``send_at`` when it is not; TooLate when the notification is no longer
-    scheduled (its time came, or it was cancelled); UnknownNotification when there is none."""
+    """Send a scheduled notification at ``send_at`` (timezone-aware, in the future) instead, or at
+    its route's next send window opening when that time falls outside the window. InvalidEvent
+    names ``send_at`` when it is not; TooLate when the notification is no longer scheduled (its
+    time came, or it was cancelled); UnknownNotification when there is none."""
     now = clock()
     if send_at.tzinfo is None or send_at.utcoffset() is None:
         raise InvalidEvent("send_at", "needs a time zone (for example 2026-12-01T09:00:00+01:00)")
@@ -65,6 +70,11 @@ def reschedule(sessions: sessionmaker[Session], event_id: str, send_at: datetime
         raise InvalidEvent("send_at", "must be in the future")
     with sessions.begin() as session:
         notification = _find(session, event_id)
+        route = settings.routes.get(notification.route)
+        if route is not None:
+            stored = store.load_payload(session, notification.id)
+            time_zone = SendPayload.model_validate(stored).contact.time_zone if stored is not None else None
+            send_at = within_window(send_at.astimezone(UTC), time_zone, route, settings, now=now) or send_at
         if not moves.reschedule(session, notification_id=notification.id, send_at=send_at.astimezone(UTC), now=now):
             raise TooLate(event_id, notification.state, "reschedule")
     return _record(sessions, event_id)

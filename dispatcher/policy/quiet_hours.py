@@ -1,0 +1,59 @@
+"""Send windows ("quiet hours"): a route may send only between two times of day, in the
+recipient's time zone or, lacking one, the route's (else the configured default). Pure.
+
+A notification due outside its route's window waits for the window's next opening: it is stored
+``scheduled`` for that instant, so the sweep releases it then, like any scheduled notification,
+and its send deadline counts from then. A window may wrap midnight ("20:00-08:00" sends at night).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+
+
+@dataclass(frozen=True)
+class SendWindow:
+    opens: time
+    closes: time
+
+    @classmethod
+    def parse(cls, text: str) -> SendWindow:
+        """``"08:00-20:00"``; ValueError (naming the form, not the value) for anything else."""
+        match = WINDOW.match(text)
+        if match is None:
+            raise ValueError("a send window is HH:MM-HH:MM, for example 08:00-20:00")
+        opens = time(int(match[1]), int(match[2]))
+        closes = time(int(match[3]), int(match[4]))
+        if opens == closes:
+            raise ValueError("a send window opens and closes at different times")
+        return cls(opens, closes)
+
+    def contains(self, moment: time) -> bool:
+        if self.opens < self.closes:
+            return self.opens <= moment < self.closes
+        return moment >= self.opens or moment < self.closes  # wraps midnight
+
+
+def zone(name: str) -> ZoneInfo:
+    """An IANA time zone; ValueError (without the value) when there is no such zone."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError("is not an IANA time zone, such as Europe/Berlin") from None
+
+
+def next_opening(due: datetime, window: SendWindow, where: ZoneInfo) -> datetime:
+    """``due`` when it falls inside the window, else the window's next opening after it (in UTC).
+    Local times that a clock change skips or repeats resolve as ``zoneinfo`` resolves them (fold 0)."""
+    local = due.astimezone(where)
+    if window.contains(local.time().replace(tzinfo=None)):
+        return due
+    opening = datetime.combine(local.date(), window.opens, tzinfo=where)
+    if opening <= local:
+        opening = datetime.combine(local.date() + timedelta(days=1), window.opens, tzinfo=where)
+    return opening.astimezone(UTC)
