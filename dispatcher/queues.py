@@ -21,6 +21,7 @@ OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row
 READ_BACK_TASK = "dispatcher.read_back"
 TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
 RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period
+CALLBACKS_TASK = "dispatcher.callbacks"  # deliver the host's due outcome callbacks
 
 # A Redis broker has no connection-bound delivery: a task a worker took stays in the "unacked"
 # hash until it is acknowledged, and any worker's restore sweep puts it back in its queue once it is

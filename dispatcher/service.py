@@ -35,7 +35,8 @@ class Dispatcher:
             from dispatcher.store.migrate import upgrade_database
 
             upgrade_database(settings.database_url)
-        self.sessions: sessionmaker[Session] = session_factory(shared_engine(settings.database_url))
+        self.sessions: sessionmaker[Session] = session_factory(shared_engine(settings.database_url),
+                                                               announce=settings.callbacks_on)
         self.enqueuer: Enqueuer = enqueuer or CeleryEnqueuer(settings.broker_url)
         # Opt-outs and consent (docs/opt-outs.md): suppress, unsuppress, is_suppressed,
         # record_consent, withdraw_consent, list, import_csv.

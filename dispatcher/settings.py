@@ -64,6 +64,30 @@ DEFAULT_OPT_OUT_KEYWORDS = ("STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "
 DEFAULT_OPT_IN_KEYWORDS = ("START", "UNSTOP", "YES", "ANMELDEN")
 
 
+def _checked_callback_url(value: Any) -> Any:
+    """An http(s) URL with a host (the value is never repeated: it may carry a token)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or not re.match(r"^https?://[^/\s?#]+(/[^\s]*)?$", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+def _check_whsec(secret: str) -> None:
+    """A Standard Webhooks secret: ``whsec_`` and base64 of 24 to 64 bytes."""
+    import base64
+    import binascii
+
+    if not secret.startswith("whsec_"):
+        raise ValueError("each secret starts with whsec_ (Standard Webhooks)")
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("each secret is whsec_ followed by base64") from None
+    if not 24 <= len(key) <= 64:
+        raise ValueError("each secret holds 24 to 64 bytes")
+
+
 class Route(BaseModel):
     """A named way to reach a contact: one inbox, its channel kind, and an optional fallback route."""
 
@@ -85,6 +109,12 @@ class Route(BaseModel):
     # in the recipient's time zone (the request's contact.time_zone), else time_zone, else default_time_zone.
     send_window: str | None = None
     time_zone: str | None = None
+    callback_url: str | None = Field(default=None, repr=False)  # this route's outcome callbacks go here instead
+
+    @field_validator("callback_url", mode="before")
+    @classmethod
+    def _callback_url(cls, value: Any) -> Any:
+        return _checked_callback_url(value)
 
     @field_validator("send_window")
     @classmethod
@@ -161,6 +191,17 @@ class Settings(BaseSettings):
     # Hidden from repr: a URL may carry a password.
     database_url: str = Field(default=DEFAULT_DATABASE_URL, repr=False)
     broker_url: str = Field(default=DEFAULT_BROKER_URL, repr=False)
+
+    # Outcome callbacks to the host (docs/callbacks.md): events POSTed to callback_url, signed per
+    # Standard Webhooks with the first of callback_secrets (whsec_...; every one of them while rotating).
+    # A route's own callback_url takes its notifications' events instead. Unset: no callbacks.
+    callback_url: str | None = Field(default=None, repr=False)
+    callback_secrets: SecretList = Field(default_factory=list)
+    callback_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    # An event is delivered at least once, with backoff and jitter, for this long; then it expires.
+    callback_max_age_s: float = Field(default=172_800.0, ge=86_400.0)
+    # A URL that has failed every delivery for this long is paused, with why, until `dispatcher callbacks retry`.
+    callback_pause_after_s: float = Field(default=3_600.0, gt=0)
 
     # Webhooks.
     webhook_secrets: SecretList = Field(default_factory=list)
@@ -303,7 +344,19 @@ class Settings(BaseSettings):
             raise ValueError("must be at least 16 characters (or unset, which turns HTTP intake off)")
         return value
 
-    @field_validator("webhook_secrets", mode="before")
+    @field_validator("callback_url", mode="before")
+    @classmethod
+    def _callback_url(cls, value: Any) -> Any:
+        return _checked_callback_url(value)
+
+    @field_validator("callback_secrets")
+    @classmethod
+    def _callback_secrets(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for secret in value:
+            _check_whsec(secret.get_secret_value())
+        return value
+
+    @field_validator("webhook_secrets", "callback_secrets", mode="before")
     @classmethod
     def _split_secrets(cls, value: Any) -> Any:
         # Several secrets allow rotation: DISPATCHER_WEBHOOK_SECRETS="new,old".
@@ -357,6 +410,8 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}RETRY_MAX_COUNTDOWN_S (retry_max_countdown_s): must be at least "
                 f"{COUNTDOWN_MARGIN_S} s below broker_visibility_timeout_s on a Redis broker, or a "
                 "countdown outlives the visibility timeout and runs twice")
+        if self.callbacks_on and not self.callback_secrets:
+            raise ValueError(f"{ENV_PREFIX}CALLBACK_SECRETS (callback_secrets): callbacks are signed; give a whsec_ secret")
         overlap = set(self.fallback_codes) & set(self.no_fallback_codes)
         if overlap:
             raise ValueError(f"fallback_codes: {sorted(overlap)} also listed in no_fallback_codes")
@@ -367,6 +422,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"templates: {template.name!r} in {template.language!r} is listed twice")
             seen.add(key)
         return self
+
+    @property
+    def callbacks_on(self) -> bool:
+        """Some URL takes outcome callbacks: the moves then write them (dispatcher.lifecycle.announce)."""
+        return self.callback_url is not None or any(route.callback_url for route in self.routes.values())
+
+    def callback_url_for(self, route: str) -> str | None:
+        chosen = self.routes.get(route)
+        return (chosen.callback_url if chosen is not None else None) or self.callback_url
 
     @property
     def limiter_redis_url(self) -> str | None:

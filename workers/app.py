@@ -10,6 +10,7 @@ from celery import Celery
 from kombu.entity import Exchange, Queue
 
 from dispatcher.queues import (
+    CALLBACKS_TASK,
     MAINTENANCE_QUEUE,
     OUTCOME_TASK,
     OUTCOMES_QUEUE,
@@ -53,6 +54,7 @@ def create_app(settings: Settings) -> Celery:
             SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             TRACKING_SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             RETENTION_TASK: {"queue": MAINTENANCE_QUEUE},
+            CALLBACKS_TASK: {"queue": MAINTENANCE_QUEUE},
         },
         # Flower reads task events; arguments are IDs only, and argsrepr says so.
         worker_send_task_events=True,
@@ -73,6 +75,11 @@ def create_app(settings: Settings) -> Celery:
                 "schedule": settings.retention_interval_s,
                 "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.retention_interval_s},
             },
+            **({"callbacks": {  # only where a URL takes them: nothing is written otherwise
+                "task": CALLBACKS_TASK,
+                "schedule": settings.sweep_interval_s,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 2},
+            }} if settings.callbacks_on else {}),
         },
         worker_hijack_root_logger=False,
     )

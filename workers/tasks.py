@@ -11,11 +11,20 @@ import logging
 from celery import Task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from dispatcher.callbacks.deliver import deliver_due
 from dispatcher.context import Wait
 from dispatcher.metrics import SEND_RESULTS
 from dispatcher.operations.retention import purge
 from dispatcher.operations.sweep import sweep as run_sweep
-from dispatcher.queues import OUTCOME_TASK, READ_BACK_TASK, RETENTION_TASK, SEND_TASK, SWEEP_TASK, TRACKING_SWEEP_TASK
+from dispatcher.queues import (
+    CALLBACKS_TASK,
+    OUTCOME_TASK,
+    READ_BACK_TASK,
+    RETENTION_TASK,
+    SEND_TASK,
+    SWEEP_TASK,
+    TRACKING_SWEEP_TASK,
+)
 from dispatcher.sending.next_run import schedule_next_run
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.tracking.outcomes import read_back_message
@@ -108,4 +117,12 @@ def retain() -> dict[str, int]:
     context = runtime.send_context()
     report = purge(context.sessions, retention_days=context.settings.retention_days, now=context.clock(),
                    hashing_key=context.settings.hashing_key, spent_days=context.settings.event_id_spent_days)
+    return vars(report)
+
+
+@app.task(name=CALLBACKS_TASK, ignore_result=True)
+def deliver_callbacks() -> dict[str, int]:
+    """Deliver the host's due outcome callbacks, one batch (docs/callbacks.md)."""
+    context = runtime.send_context()
+    report = deliver_due(context.sessions, context.settings, runtime.callback_client(), clock=context.clock)
     return vars(report)

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, Side
 from dispatcher.store.db import insert_for
@@ -208,6 +209,7 @@ def cancel(session: Session, *, notification_id: int, number: int, route: str, c
     )
     if not _won(moved):
         raise CancelLost(notification_id)
+    announce(session, notification_id, now=now)
     return True
 
 
@@ -445,6 +447,7 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
             session.execute(move_notification(row.inbox_id, row.channel, row.conversation_id))
     if row is None:
         return None
+    announce(session, notification_id, now=now)
     return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
 
 
@@ -470,10 +473,13 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
         .values(state=mirrored, delivery_state=new.value, updated_at=now)
     )
     if _one_statement(session):  # the consumer's hot path: one round trip for both rows
-        return _both_or_neither(session, move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror) is not None
-    if not _won(session.execute(move_attempt)):
-        return False
-    session.execute(mirror)
+        if _both_or_neither(session, move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror) is None:
+            return False
+    else:
+        if not _won(session.execute(move_attempt)):
+            return False
+        session.execute(mirror)
+    announce(session, notification_id, now=now)  # nothing when the notification did not follow (not its current attempt)
     return True
 
 
@@ -523,6 +529,8 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
         .values(**values)
         .returning(NOTIFICATIONS.c.current_attempt)
     ).scalar_one_or_none()
+    if number is not None:
+        announce(session, notification_id, now=now)
     if number is not None and decision.fall_back:
         assert decision.fallback_route is not None and decision.fallback_channel is not None
         _insert_ignoring_conflict(session, {
@@ -561,7 +569,7 @@ def resend_as_template(session: Session, *, notification_id: int, failed_number:
 def end_failed(session: Session, *, notification_id: int, error_kind: str, detail: str | None, now: datetime) -> bool:
     """Nothing more will be sent (the fallback, or a host's retry, failed too): the notification
     ends failed, with why."""
-    return _won(session.execute(
+    won = _won(session.execute(
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id,
                NOTIFICATIONS.c.state.in_(_starts_for("end_failed", "notification", NotificationState.FAILED)))
@@ -569,6 +577,9 @@ def end_failed(session: Session, *, notification_id: int, error_kind: str, detai
                 delivery_state=AttemptState.FAILED.value, error_kind=error_kind, error_detail=_detail(detail),
                 updated_at=now)
     ))
+    if won:
+        announce(session, notification_id, now=now)
+    return won
 
 
 def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, error_kind: str, detail: str,
@@ -597,6 +608,7 @@ def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, er
                 fallback_reason=func.coalesce(NOTIFICATIONS.c.fallback_reason, error_kind),
                 fallback_decided_at=func.coalesce(NOTIFICATIONS.c.fallback_decided_at, now))
     )
+    announce(session, notification_id, now=now)
     return True
 
 

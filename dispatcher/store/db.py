@@ -74,8 +74,13 @@ def shared_engine(database_url: str) -> Engine:
     return engine
 
 
-def session_factory(engine: Engine) -> sessionmaker[Session]:
-    sessions = sessionmaker(engine, expire_on_commit=False)
+ANNOUNCE_KEY = "announce_callbacks"  # in session.info: the moves write outcome callbacks
+
+
+def session_factory(engine: Engine, *, announce: bool = False) -> sessionmaker[Session]:
+    """Sessions on ``engine``. ``announce``: the lifecycle's moves write the host's outcome
+    callbacks in their transactions (:mod:`dispatcher.lifecycle.announce`; callbacks are configured)."""
+    sessions = sessionmaker(engine, expire_on_commit=False, info={ANNOUNCE_KEY: True} if announce else {})
     # Crash points (dispatcher.faults): a process may die with its transaction open (it is
     # discarded) or right after a commit (the work is kept, the process's memory is not).
     event.listen(sessions, "before_commit", _before_commit)

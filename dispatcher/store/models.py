@@ -290,3 +290,41 @@ class Consent(Base):
 def table_of(model: type[Base]) -> Table:
     """A model's Core table, typed as one (the declarative stubs say FromClause)."""
     return cast(Table, model.__table__)
+
+
+class Callback(Base):
+    """One event told to the host's callback URL (outcome callbacks, docs/callbacks.md): written by
+    the lifecycle move that changed the notification, in its transaction (an outbox), and
+    delivered at least once by the callback task. Never content or contact data: IDs, state,
+    channel, error kind and times only. One per notification, event type and attempt."""
+
+    __tablename__ = "callbacks"
+    __table_args__ = (UniqueConstraint("notification_id", "type", "attempt"),)
+
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)  # the webhook-id: msg_<id>
+    notification_id: Mapped[int] = mapped_column(BigInteger, index=True)  # no key: kept past retention's purge
+    event_id: Mapped[str] = mapped_column(String(200))
+    route: Mapped[str] = mapped_column(String(64))  # a route may name its own callback URL
+    type: Mapped[str] = mapped_column(String(40))  # notification.accepted, .sent, ... .cancelled
+    attempt: Mapped[int] = mapped_column(SmallInteger)
+    state: Mapped[str] = mapped_column(String(20))
+    channel: Mapped[str | None] = mapped_column(String(20))
+    error_kind: Mapped[str | None] = mapped_column(String(40))
+    sequence: Mapped[int] = mapped_column(Integer)  # 1, 2, ... per notification, in the order of its events
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(12), index=True)  # pending, delivered, expired
+    tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_try_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    last_error: Mapped[str | None] = mapped_column(String(200))  # a status code or an error class, no body
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class CallbackEndpoint(Base):
+    """A callback URL that keeps failing is paused here, with why, until an operator resumes it."""
+
+    __tablename__ = "callback_endpoints"
+
+    url_key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the URL: it may hold a token
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reason: Mapped[str | None] = mapped_column(String(200))

@@ -14,6 +14,7 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from dispatcher.errors import DispatcherError
+from dispatcher.operations.cli.callback_commands import callbacks_group
 from dispatcher.operations.cli.config_commands import config_group, inboxes_command
 from dispatcher.operations.cli.delivery_commands import deliveries_group
 from dispatcher.operations.cli.demo_command import demo_command
@@ -73,7 +74,7 @@ cli.add_command(config_group)
 cli.add_command(inboxes_command)
 for command in (notify_command, status_command, cancel_command, reschedule_command, retry_command, list_command, db_group,
                 worker_command, consumer_command, beat_command, receiver_command, webhooks_group, deliveries_group,
-                suppressions_group, flower_command):
+                suppressions_group, callbacks_group, flower_command):
     cli.add_command(command)
 
 

@@ -1,0 +1,55 @@
+"""What the host is told: a move that changes a notification's state writes, in its own
+transaction, the event an outcome callback delivers (a transactional outbox, the ``callbacks``
+table; :mod:`dispatcher.callbacks` delivers it). Only when callbacks are on: a session factory made
+with ``announce=True`` (:func:`dispatcher.store.db.session_factory`) says so in ``session.info``,
+so a deployment without callbacks pays nothing.
+
+One event per notification, type and attempt (a repeat of a move writes nothing more), numbered
+per notification in the order they happen (``sequence``), carrying what the notification's row
+says right after the move: never content or contact data.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import case, func, literal, select
+from sqlalchemy.orm import Session
+
+from dispatcher.lifecycle.states import NotificationState as N
+from dispatcher.store.db import ANNOUNCE_KEY, insert_for
+from dispatcher.store.models import Callback, Notification, UTCDateTime, table_of
+
+PENDING = "pending"
+
+# The states a host is told of, and the event type of each.
+EVENT_OF_STATE: dict[str, str] = {
+    N.ACCEPTED: "notification.accepted",
+    N.SENT: "notification.sent",
+    N.DELIVERED: "notification.delivered",
+    N.READ: "notification.read",
+    N.FALLING_BACK: "notification.fell_back",
+    N.FAILED: "notification.failed",
+    N.CANCELLED: "notification.cancelled",
+}
+
+NOTIFICATIONS = table_of(Notification)
+CALLBACKS = table_of(Callback)
+_COLUMNS = ("notification_id", "event_id", "route", "type", "attempt", "state", "channel", "error_kind", "sequence",
+            "occurred_at", "status", "tries", "next_try_at")
+
+
+def announce(session: Session, notification_id: int, *, now: datetime) -> None:
+    """Write the event of the notification's state as it now is, if the host is told of that state
+    and it was not told of it for this attempt already. Call it after a move that won."""
+    if not session.info.get(ANNOUNCE_KEY):
+        return
+    n = NOTIFICATIONS
+    sequence = (select(func.count() + 1).select_from(CALLBACKS)
+                .where(CALLBACKS.c.notification_id == n.c.id).scalar_subquery())
+    at = literal(now, UTCDateTime())
+    source = select(
+        n.c.id, n.c.event_id, n.c.route, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
+        n.c.channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
+    ).where(n.c.id == notification_id, n.c.state.in_(list(EVENT_OF_STATE)))
+    session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source).on_conflict_do_nothing())
