@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import NotificationState as N
 from dispatcher.store.db import ANNOUNCE_KEY, insert_for
-from dispatcher.store.models import Callback, Notification, UTCDateTime, table_of
+from dispatcher.store.models import Attempt, Callback, Notification, UTCDateTime, table_of
 
 PENDING = "pending"
 
@@ -35,6 +35,7 @@ EVENT_OF_STATE: dict[str, str] = {
 
 NOTIFICATIONS = table_of(Notification)
 CALLBACKS = table_of(Callback)
+ATTEMPTS = table_of(Attempt)
 _COLUMNS = ("notification_id", "event_id", "route", "type", "attempt", "state", "channel", "error_kind", "sequence",
             "occurred_at", "status", "tries", "next_try_at")
 
@@ -48,8 +49,12 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
     sequence = (select(func.count() + 1).select_from(CALLBACKS)
                 .where(CALLBACKS.c.notification_id == n.c.id).scalar_subquery())
     at = literal(now, UTCDateTime())
+    # the current attempt's channel: right after a fallback decision the notification still shows the first one's
+    channel = func.coalesce(select(ATTEMPTS.c.channel).where(ATTEMPTS.c.notification_id == n.c.id,
+                                                             ATTEMPTS.c.number == n.c.current_attempt).scalar_subquery(),
+                            n.c.channel)
     source = select(
         n.c.id, n.c.event_id, n.c.route, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
-        n.c.channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
+        channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
     ).where(n.c.id == notification_id, n.c.state.in_(list(EVENT_OF_STATE)))
     session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source).on_conflict_do_nothing())

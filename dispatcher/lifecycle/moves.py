@@ -529,8 +529,6 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
         .values(**values)
         .returning(NOTIFICATIONS.c.current_attempt)
     ).scalar_one_or_none()
-    if number is not None:
-        announce(session, notification_id, now=now)
     if number is not None and decision.fall_back:
         assert decision.fallback_route is not None and decision.fallback_channel is not None
         _insert_ignoring_conflict(session, {
@@ -539,6 +537,8 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
             "state": _ends_in(move, "attempt", AttemptState.QUEUED), "tries": 0,
             "created_at": now, "updated_at": now,
         })
+    if number is not None:  # after the fallback's attempt exists: the event names it and its channel
+        announce(session, notification_id, now=now)
     return number is not None
 
 

@@ -25,6 +25,7 @@ from dispatcher.store.db import insert_for
 from dispatcher.store.models import (
     AppliedStatus,
     Attempt,
+    Callback,
     ContactInbox,
     ConversationLink,
     KnownContact,
@@ -48,6 +49,7 @@ class RetentionReport:
     content_hashes: int = 0
     spent_events_expired: int = 0
     contacts_forgotten: int = 0
+    callbacks: int = 0
 
 
 def purge(sessions: sessionmaker[Session], *, retention_days: float, now: datetime, hashing_key: bytes,
@@ -88,6 +90,10 @@ def purge(sessions: sessionmaker[Session], *, retention_days: float, now: dateti
         ))
         report.spent_events_expired = _count(session.execute(
             delete(table_of(SpentEvent)).where(table_of(SpentEvent).c.spent_until <= now)
+        ))
+        callbacks = table_of(Callback)  # told (or given up on) long ago; a pending one is kept
+        report.callbacks = _count(session.execute(
+            delete(callbacks).where(callbacks.c.status != "pending", callbacks.c.occurred_at < cutoff)
         ))
     with sessions.begin() as session:
         report.contacts_forgotten = _forget_unused_contacts(session, cutoff)

@@ -206,3 +206,36 @@ def test_the_callbacks_commands_list_resume_and_replay(tmp_path: Path, clean_env
     assert runner.invoke(cli, ["callbacks", "replay", "cb-cli"]).output == "cb-cli: 1 callback(s) due again\n"
     missing = runner.invoke(cli, ["callbacks", "replay", "nothing"])
     assert (missing.exit_code, missing.output) == (2, "error: no callbacks for event_id 'nothing'\n")
+
+
+def test_the_examples_in_the_docs_work_as_written(clean_environment: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    from tests.conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "callbacks.md").read_text()
+    configured = tomllib.loads(text.split("```toml\n")[1].split("```")[0])
+    configured.pop("routes")  # the doc shows only the key a route adds
+    settings = example_settings(api_url="http://127.0.0.1:9", **configured)
+    assert settings.callbacks_on and settings.callback_url_for("reminders") == configured["callback_url"]
+    namespace: dict[str, object] = {}
+    exec(compile(text.split("```python\n")[1].split("```")[0], "docs/callbacks.md", "exec"), namespace)  # noqa: S102
+    body = b'{"type":"notification.read"}'
+    signed = headers(settings.callback_secrets, webhook_id="msg_9", timestamp=int(datetime.now(UTC).timestamp()), body=body)
+    receive = namespace["receive"]
+    assert callable(receive) and receive(body, signed) == {"type": "notification.read"}
+
+
+def test_retention_forgets_told_events_and_keeps_pending_ones(dispatcher: Dispatcher) -> None:
+    from dispatcher.operations.retention import purge
+
+    for event_id in ("cb-old-1", "cb-old-2"):
+        dispatcher.notify(reminder(event_id, identifier=event_id, phone=PHONE))
+        dispatcher.cancel(event_id)
+    with dispatcher.sessions.begin() as session:
+        first = min(c.id for c in session.scalars(select(Callback)))
+        outbox.delivered(session, [first], now=datetime.now(UTC))
+    report = purge(dispatcher.sessions, retention_days=30, now=datetime.now(UTC) + timedelta(days=31),
+                   hashing_key=dispatcher.settings.hashing_key, spent_days=365)
+    assert report.callbacks == 1
+    assert [c.event_id for c in callbacks(dispatcher)] == ["cb-old-2"]
