@@ -22,6 +22,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   why, and one that retries says after how long (the task's result, what Flower shows).
 * ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
   for a failed read of the workspace (an incoming customer message once crashed it).
+* ``host_told``: every state a host is told of (accepted, sent, delivered, read, fell back, failed,
+  cancelled) has its outcome callback for the current attempt, written in the move's transaction;
+  at the end, each notification's callbacks are numbered without a gap and only move forward.
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
   holds no phone number, no message content and no token: what an operator's log would show.
 * ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
@@ -59,6 +62,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import NamedTuple
 
+from dispatcher.lifecycle.announce import EVENT_OF_STATE
 from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.lifecycle.states import AttemptState, NotificationState
 from dispatcher.lifecycle.table import MOVES, NEW
@@ -172,6 +176,7 @@ def check(world: World) -> list[Violation]:
                                        f"workspace ({a.tries} tries counted)"))
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _cancels(world, messages, notifications)
+    found += _host_told(world)
     found += _records_match(world, messages, event_of)
     found += _true_reasons(world, messages, event_of)
     found += _logs(world)
@@ -280,6 +285,19 @@ def _cancels(world: World, messages: list, notifications: list[_Row]) -> list[Vi
     return found
 
 
+def _host_told(world: World) -> list[Violation]:
+    """Every state a host is told of has its callback for the current attempt, written by the move
+    that made it (the same transaction: the check runs between steps, so none may be missing)."""
+    case = " ".join(f"WHEN '{state}' THEN '{event}'" for state, event in EVENT_OF_STATE.items())
+    states = ", ".join(f"'{state}'" for state in EVENT_OF_STATE)
+    untold = world.raw.execute(
+        f"SELECT n.event_id, n.state, n.current_attempt FROM notifications n WHERE n.state IN ({states}) "
+        f"AND NOT EXISTS (SELECT 1 FROM callbacks c WHERE c.notification_id = n.id AND c.attempt = n.current_attempt "
+        f"AND c.type = CASE n.state {case} END)").fetchall()
+    return [Violation("host_told", f"{event_id} is {state} (attempt {attempt}) and its callback was not written")
+            for event_id, state, attempt in untold]
+
+
 def _records_match(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
     found: list[Violation] = []
     by_id = {m.id: m for m in messages}
@@ -360,12 +378,30 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
 
 
 def at_end(world: World) -> list[Violation]:
-    found = _every_message_known(world)
+    found = _every_message_known(world) + _callbacks_in_order(world)
     suppressed = {(key, channel) for key, channel in world.raw.execute("SELECT recipient_key, channel FROM suppressions")}
     keys_of = _recipient_keys(world)
     for index, channel in sorted(world.stops_recorded):
         if not any((key, scope) in suppressed for key in keys_of[f"ev-{index}"] for scope in (channel, "*")):
             found.append(Violation("stop_honoured", f"the recipient of ev-{index} replied STOP and is not suppressed on {channel}"))
+    return found
+
+
+def _callbacks_in_order(world: World) -> list[Violation]:
+    """Each notification's callbacks are numbered 1, 2, ... with none missing, and within an attempt
+    their states only move forward (the host may order them by sequence)."""
+    found = []
+    told: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for event_id, sequence, attempt, state in world.raw.execute(
+            "SELECT event_id, sequence, attempt, state FROM callbacks ORDER BY event_id, sequence"):
+        told[event_id].append((sequence, attempt, state))
+    order = {state: rank for rank, state in enumerate(EVENT_OF_STATE)}
+    for event_id, events in told.items():
+        if [sequence for sequence, _, _ in events] != list(range(1, len(events) + 1)):
+            found.append(Violation("host_told", f"{event_id}: callbacks numbered {[s for s, _, _ in events]}"))
+        for (_, attempt, state), (_, next_attempt, next_state) in zip(events, events[1:], strict=False):
+            if next_attempt == attempt and order[next_state] <= order[state] and state != NotificationState.FALLING_BACK:
+                found.append(Violation("host_told", f"{event_id}: told {next_state} after {state} on attempt {attempt}"))
     return found
 
 

@@ -341,7 +341,7 @@ class World:
         self.settings = settings(self.workspace.webhook_secret)
         self.broker = Broker(self.settings.broker_visibility_timeout_s)
         self.engine = self._store(template)
-        self.sessions = session_factory(self.engine)
+        self.sessions = session_factory(self.engine, announce=True)  # the host's callbacks are written (host_told)
         self.read_delivery = delivery_reader(self.settings)
         self.nodes = [Node(f"worker-{i + 1}", "worker") for i in range(spec.workers)]
         self.nodes += [Node("consumer-1", "consumer"), Node("beat", "beat"), Node("receiver", "receiver"),

@@ -197,3 +197,32 @@ def test_the_intake_process_stores_queues_and_answers_once(tmp_path: Path, fresh
     assert "intake appt-it-bad refused: 422 invalid_request (field route)" in output
     for secret in (PHONE, CONTENT, "Another text", TOKEN, "not-the-token"):
         assert secret not in output
+
+
+def test_a_host_hands_over_a_batch_cancels_and_moves_over_the_real_server(
+        tmp_path: Path, fresh_postgres_url: str, redis_url: str) -> None:
+    with running_intake(tmp_path, fresh_postgres_url, redis_url) as intake, intake.client() as client:
+        odd = "clinic/8?visit=2#b%2F"
+        later = "2099-01-01T09:00:00+00:00"
+        batch = client.post("/v1/notification-batches", json={"notifications": [
+            reminder("batch-it-1"), reminder(odd), reminder("batch-it-bad", route="pigeons"),
+            reminder("batch-it-later", send_at=later)]})
+        assert batch.status_code == 200, batch.text
+        assert [(r["event_id"], r["outcome"], r.get("state") or r.get("field")) for r in batch.json()["results"]] == [
+            ("batch-it-1", "accepted", "queued"), (odd, "accepted", "queued"), ("batch-it-bad", "refused", "route"),
+            ("batch-it-later", "accepted", "scheduled")]
+        assert len(intake.rows()) == 3 and len(intake.queued_ids()) == 2  # the scheduled one waits for the sweep
+
+        cancelled = client.delete("/v1/notifications/" + quote(odd, safe=""))  # no worker runs: it is still queued
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        moved = client.patch("/v1/notifications/batch-it-later", json={"send_at": "2099-02-01T09:00:00+01:00"})
+        assert moved.status_code == 200 and moved.json()["send_at"].startswith("2099-02-01T08:00:00")
+        too_late = client.patch("/v1/notifications/" + quote(odd, safe=""), json={"send_at": later})
+        assert too_late.status_code == 409 and too_late.json()["state"] == "cancelled"
+        not_failed = client.post("/v1/notifications/batch-it-1", json=reminder("batch-it-1"))
+        assert not_failed.status_code == 409 and not_failed.json()["error"] == "not_retryable"
+        assert {event_id: state for _, event_id, state in intake.rows()} == {
+            "batch-it-1": "queued", odd: "cancelled", "batch-it-later": "scheduled"}
+        assert intake.payload_count() == 2  # the cancelled one's content is gone
+    output = intake.log_path.read_text(errors="replace")
+    assert PHONE not in output and CONTENT not in output and TOKEN not in output
