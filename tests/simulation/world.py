@@ -356,7 +356,7 @@ class World:
         self.requests = [self._request(i) for i in range(spec.notifications)]
         self.handed_over: set[int] = set()
         self.webhook_copies: set[str] = set()
-        self.opted_out_at: dict[int, float] = {}  # recipient index -> when the opt-out was committed
+        self.opted_out_at: dict[int, float] = {}  # recipient index -> when the host asked for the opt-out
         self.stop_messages: dict[int, tuple[int, str]] = {}  # a STOP reply's message ID -> (recipient's index, channel)
         self.stops_recorded: set[tuple[int, str]] = set()  # STOP replies our receiver recorded
         self.cancels_asked: set[str] = set()  # event IDs the host asked to cancel
@@ -766,8 +766,9 @@ class World:
             self.handed_over.add(host_event.index)
             self.note(f"host handed over ev-{host_event.index} ({record.state})")
         elif host_event.kind == "suppress":
-            Recipients(self.sessions, self.settings).suppress({"phone_number": request.contact.phone_number})
+            # noted before the call: the host said no even if it dies right after the commit (seed 215 of refusals)
             self.opted_out_at.setdefault(host_event.index, self.clock.now)
+            Recipients(self.sessions, self.settings).suppress({"phone_number": request.contact.phone_number})
             self.note(f"host suppressed the recipient of ev-{host_event.index}")
         elif host_event.kind == "cancel":
             self._cancel(host_event.index)
@@ -829,8 +830,8 @@ class World:
             later = HostEvent(self.clock.now + 10.0, "stop_reply", index, host_event.waited + 1)
             self.host_events = sorted([*self.host_events, later], key=lambda e: (e.at, e.index))
             return
+        self.opted_out_at.setdefault(index, self.clock.now)  # before the call, as above
         Recipients(self.sessions, self.settings).suppress({"phone_number": phone})
-        self.opted_out_at.setdefault(index, self.clock.now)
         self.note(f"host suppressed the recipient of ev-{index} (no conversation to reply in)")
 
     def key(self) -> tuple[Any, ...]:
