@@ -160,12 +160,12 @@ def apply_reply(summary: EventSummary, ctx: SendContext) -> str | None:
 
 
 def _inbox_of(route: Route, ctx: SendContext) -> int | None:
+    """The route's inbox ID. An inbox list that cannot be read now raises (ApiError): the delivery
+    is tried again, as for any failed read, rather than a STOP on a route named by its inbox being
+    taken for an ordinary reply and dropped (the opt-outs simulation world, seed 254)."""
     if route.inbox_id is not None:
         return route.inbox_id
-    try:
-        inbox = ctx.inboxes.resolve(route)
-    except ApiError:
-        return None  # the inbox list cannot be read now: such a reply is checked by ID routes only
+    inbox = ctx.inboxes.resolve(route)
     return inbox.id if inbox is not None else None
 
 
