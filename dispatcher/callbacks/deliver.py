@@ -28,7 +28,7 @@ from dispatcher.store.models import utcnow
 
 log = logging.getLogger(__name__)
 
-BATCH = 200
+BATCH = 50  # POSTed one after another: the batch's lease covers every one of them timing out
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 1800.0  # half an hour between tries at most: ~100 tries over the two days an event is kept
 
@@ -72,8 +72,8 @@ def deliver_due(sessions: sessionmaker[Session], settings: Settings, client: htt
     report = DeliveryReport()
     now = clock()
     with sessions.begin() as session:
-        events = outbox.take_due(session, now=now, hold_until=now + timedelta(seconds=settings.callback_timeout_s * 4 + 30),
-                                 limit=limit)
+        lease_s = settings.callback_timeout_s * limit + 30  # runs every sweep_interval_s: none takes another's
+        events = outbox.take_due(session, now=now, hold_until=now + timedelta(seconds=lease_s), limit=limit)
         paused = outbox.paused_keys(session) if events else set()
     answers: list[tuple[DueCallback, str, str | None]] = []  # event, its URL's key, its error (None: delivered)
     to_park: list[int] = []
@@ -121,7 +121,7 @@ def _post(client: httpx.Client, url: str, event: DueCallback, settings: Settings
         response = client.post(url, content=body, headers=headers, timeout=settings.callback_timeout_s)
     except httpx.TimeoutException:
         return "timed out"
-    except httpx.HTTPError as error:
+    except Exception as error:  # any failure is this event's, never the batch's: its class only, no URL
         return f"no answer ({type(error).__name__})"
     if 200 <= response.status_code < 300:
         return None

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from dispatcher.store.db import insert_for
 from dispatcher.store.models import Callback, CallbackEndpoint, table_of
 
 CALLBACKS = table_of(Callback)
@@ -97,28 +98,32 @@ def endpoint_answered(session: Session, key: str) -> None:
 
 def endpoint_failed(session: Session, key: str, *, now: datetime, error: str, pause_after: timedelta) -> bool:
     """Note a failed delivery to the URL; pause it when it has failed every delivery for
-    ``pause_after``. True when this pauses it."""
-    row = session.get(CallbackEndpoint, key)
-    if row is None:
-        session.add(CallbackEndpoint(url_key=key, failing_since=now, reason=error[:DETAIL_MAX_CHARS]))
+    ``pause_after``. True when this pauses it. Safe beside another run doing the same."""
+    inserted = session.execute(
+        insert_for(session)(ENDPOINTS).values(url_key=key, failing_since=now, reason=error[:DETAIL_MAX_CHARS])
+        .on_conflict_do_nothing()
+    )
+    if _count(inserted):
         return False
-    if row.paused_at is not None:
+    since = session.execute(
+        update(ENDPOINTS).where(ENDPOINTS.c.url_key == key, ENDPOINTS.c.paused_at.is_(None))
+        .values(failing_since=func.coalesce(ENDPOINTS.c.failing_since, now), reason=error[:DETAIL_MAX_CHARS])
+        .returning(ENDPOINTS.c.failing_since)
+    ).scalar_one_or_none()
+    if since is None or now - since < pause_after:
         return False
-    row.failing_since = row.failing_since or now
-    row.reason = error[:DETAIL_MAX_CHARS]
-    if now - row.failing_since >= pause_after:
-        row.paused_at = now
-        row.reason = (f"failing every delivery since {row.failing_since.isoformat(timespec='seconds')}: "
-                      f"{error}")[:DETAIL_MAX_CHARS]
-        return True
-    return False
+    reason = f"failing every delivery since {since.isoformat(timespec='seconds')}: {error}"
+    return _count(session.execute(
+        update(ENDPOINTS).where(ENDPOINTS.c.url_key == key, ENDPOINTS.c.paused_at.is_(None))
+        .values(paused_at=now, reason=reason[:DETAIL_MAX_CHARS])
+    )) == 1
 
 
 def resume(session: Session, *, now: datetime) -> tuple[int, int]:
-    """An operator resumes every paused URL: its events are due now. (URLs resumed, events due)."""
+    """An operator resumes every paused URL: the events held for it are due now; others keep their
+    schedule (and a running task's lease). (URLs resumed, events due)."""
     resumed = _count(session.execute(delete(ENDPOINTS).where(ENDPOINTS.c.paused_at.is_not(None))))
-    due = _count(session.execute(update(CALLBACKS).where(CALLBACKS.c.status == PENDING,
-                                                         or_(CALLBACKS.c.next_try_at.is_(None), CALLBACKS.c.next_try_at > now))
+    due = _count(session.execute(update(CALLBACKS).where(CALLBACKS.c.status == PENDING, CALLBACKS.c.next_try_at.is_(None))
                                  .values(next_try_at=now)))
     return resumed, due
 

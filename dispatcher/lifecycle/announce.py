@@ -46,7 +46,9 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
     if not session.info.get(ANNOUNCE_KEY):
         return
     n = NOTIFICATIONS
-    sequence = (select(func.count() + 1).select_from(CALLBACKS)
+    # One past the highest: the move holds the notification's row lock, so two moves never number alike
+    # (a unique index would refuse it), and retention keeps a notification's callbacks while it exists.
+    sequence = (select(func.coalesce(func.max(CALLBACKS.c.sequence), 0) + 1)
                 .where(CALLBACKS.c.notification_id == n.c.id).scalar_subquery())
     at = literal(now, UTCDateTime())
     # the current attempt's channel: right after a fallback decision the notification still shows the first one's
@@ -57,4 +59,5 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
         n.c.id, n.c.event_id, n.c.route, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
         channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
     ).where(n.c.id == notification_id, n.c.state.in_(list(EVENT_OF_STATE)))
-    session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source).on_conflict_do_nothing())
+    session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source)
+                    .on_conflict_do_nothing(index_elements=["notification_id", "type", "attempt"]))

@@ -621,9 +621,10 @@ def retry_failed(session: Session, *, notification_id: int, route: str, channel:
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id,
                NOTIFICATIONS.c.state.in_(_starts_for("retry_failed", "notification", NotificationState.QUEUED)))
+        # due now: its send deadline counts from the retry, not from the first hand-over
         .values(state=NotificationState.QUEUED, current_attempt=NOTIFICATIONS.c.current_attempt + 1, channel=channel,
                 inbox_id=None, conversation_id=None, message_id=None, accepted_at=None, delivery_state=None,
-                error_kind=None, error_detail=None, enqueued_at=None, next_try_at=None, updated_at=now)
+                error_kind=None, error_detail=None, enqueued_at=None, next_try_at=None, send_at=now, updated_at=now)
         .returning(NOTIFICATIONS.c.current_attempt)
     ).scalar_one_or_none()
     if number is None:

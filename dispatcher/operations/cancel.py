@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent, TooLate, UnknownNotification
@@ -72,12 +73,21 @@ def reschedule(sessions: sessionmaker[Session], settings: Settings, event_id: st
         notification = _find(session, event_id)
         route = settings.routes.get(notification.route)
         if route is not None:
-            stored = store.load_payload(session, notification.id)
-            time_zone = SendPayload.model_validate(stored).contact.time_zone if stored is not None else None
-            send_at = within_window(send_at.astimezone(UTC), time_zone, route, settings, now=now) or send_at
+            send_at = within_window(send_at.astimezone(UTC), _time_zone_of(session, notification.id), route, settings,
+                                    now=now) or send_at
         if not moves.reschedule(session, notification_id=notification.id, send_at=send_at.astimezone(UTC), now=now):
+            session.refresh(notification)  # its time came meanwhile, or it was cancelled: say where it is now
             raise TooLate(event_id, notification.state, "reschedule")
     return _record(sessions, event_id)
+
+
+def _time_zone_of(session: Session, notification_id: int) -> str | None:
+    """The recipient's time zone, from the stored request (None: gone, unreadable, or not given)."""
+    stored = store.load_payload(session, notification_id)
+    try:
+        return SendPayload.model_validate(stored).contact.time_zone if stored is not None else None
+    except ValidationError:
+        return None
 
 
 def _find(session: Session, event_id: str) -> Notification:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, SETTLED_NOTIFICATION_STATES
@@ -91,9 +91,12 @@ def purge(sessions: sessionmaker[Session], *, retention_days: float, now: dateti
         report.spent_events_expired = _count(session.execute(
             delete(table_of(SpentEvent)).where(table_of(SpentEvent).c.spent_until <= now)
         ))
-        callbacks = table_of(Callback)  # told (or given up on) long ago; a pending one is kept
+        # Told (or given up on) long ago, and their notification purged: while it exists its events
+        # stay, so its next event is numbered after them.
+        callbacks = table_of(Callback)
         report.callbacks = _count(session.execute(
-            delete(callbacks).where(callbacks.c.status != "pending", callbacks.c.occurred_at < cutoff)
+            delete(callbacks).where(callbacks.c.status != "pending", callbacks.c.occurred_at < cutoff,
+                                    ~exists().where(notifications.c.id == callbacks.c.notification_id))
         ))
     with sessions.begin() as session:
         report.contacts_forgotten = _forget_unused_contacts(session, cutoff)

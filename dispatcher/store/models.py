@@ -299,7 +299,8 @@ class Callback(Base):
     channel, error kind and times only. One per notification, event type and attempt."""
 
     __tablename__ = "callbacks"
-    __table_args__ = (UniqueConstraint("notification_id", "type", "attempt"),)
+    __table_args__ = (UniqueConstraint("notification_id", "type", "attempt"),
+                      UniqueConstraint("notification_id", "sequence", name="uq_callbacks_sequence"))
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)  # the webhook-id: msg_<id>
     notification_id: Mapped[int] = mapped_column(BigInteger, index=True)  # no key: kept past retention's purge

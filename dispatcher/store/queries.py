@@ -604,9 +604,13 @@ def undecided_failures(session: Session, *, failed_before: datetime, limit: int)
             Attempt.number == Notification.current_attempt,
             or_(
                 Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & Notification.fallback_decision.is_(None),
-                Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)) & (Notification.state != NotificationState.FAILED),
+                Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)),
             ),
+            # ended: a cancel fails the current attempt and needs no decision (else every sweep
+            # would take it again, and a hundred cancels would crowd the real repairs out)
+            Notification.state.not_in([NotificationState.FAILED, NotificationState.CANCELLED]),
         )
+        .order_by(Attempt.updated_at)
         .limit(limit)
     ).all()
     return [(row[0], row[1], row[2], row[3]) for row in rows]

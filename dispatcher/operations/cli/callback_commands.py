@@ -59,8 +59,8 @@ def list_callbacks_command(status: str | None, limit: int, as_json: bool) -> Non
 
 @callbacks_group.command("retry")
 def retry_callbacks_command() -> None:
-    """Resume every paused URL and make every pending callback due now (after fixing the host's
-    endpoint).
+    """Resume every paused URL: the callbacks held for it are due now (after fixing the host's
+    endpoint). Others keep their schedule.
 
     \b
     Example:

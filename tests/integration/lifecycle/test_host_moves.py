@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
+from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Notification
 from tests.integration.lifecycle.test_moves import NOW, TARGET, notification_of, put, sessions, states
 
@@ -114,3 +115,15 @@ def test_a_cancelled_notification_is_past_every_other_move(sessions: sessionmake
             fall_back=True, reason="send_failed", failed=True, fallback_route="sms", fallback_channel="sms"))
         assert not cancel(session, notification_id)  # a second cancel finds the attempt failed (the service answers it)
     assert states(sessions, notification_id) == (N.CANCELLED, [A.FAILED])
+
+
+def test_a_cancelled_notification_is_no_failure_waiting_for_its_decision(sessions: sessionmaker[Session]) -> None:
+    # the repair sweep looks for failed attempts whose decision is missing; a cancel needs none
+    first, _ = put(sessions, N.QUEUED, A.QUEUED)
+    fallback, _ = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
+    waiting, [attempt_id] = put(sessions, N.SENDING, A.FAILED)  # failed, its decision not made yet: repaired
+    with sessions.begin() as session:
+        assert cancel(session, first) and cancel(session, fallback, number=2)
+    with sessions() as session:
+        undecided = store.undecided_failures(session, failed_before=NOW + timedelta(days=1), limit=10)
+    assert [row[0] for row in undecided] == [waiting]

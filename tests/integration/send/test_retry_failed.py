@@ -62,6 +62,7 @@ def test_a_failed_notification_is_retried_once_asked_with_its_request(context: S
     enqueuer = ListEnqueuer()
     queued = retry(context.sessions, context.settings, enqueuer, "evt-retry-sms", parse_request(request))
     assert (queued.state, queued.error_kind, queued.message_id) == ("queued", None, None)
+    assert queued.send_at is not None and queued.send_at >= failed.updated_at  # its send deadline counts from the retry
     assert enqueuer.sent == [notification_id]
     assert drive(context, notification_id)[-1].outcome is Outcome.ACCEPTED
     sent = intake.status(context.sessions, "evt-retry-sms")

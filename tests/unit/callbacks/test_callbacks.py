@@ -239,3 +239,41 @@ def test_retention_forgets_told_events_and_keeps_pending_ones(dispatcher: Dispat
                    hashing_key=dispatcher.settings.hashing_key, spent_days=365)
     assert report.callbacks == 1
     assert [c.event_id for c in callbacks(dispatcher)] == ["cb-old-2"]
+
+
+def test_a_host_that_cannot_even_be_called_fails_only_its_own_events(dispatcher: Dispatcher) -> None:
+    dispatcher.notify(reminder("cb-6", identifier="p6", phone=PHONE))
+    dispatcher.cancel("cb-6")
+
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("a client that cannot even build the request")
+
+    with httpx.Client(transport=httpx.MockTransport(unreachable)) as client:
+        report = deliver_due(dispatcher.sessions, dispatcher.settings, client, clock=lambda: datetime.now(UTC))
+    assert (report.failed, report.delivered) == (1, 0)
+    [row] = callbacks(dispatcher)
+    assert (row.status, row.last_error) == ("pending", "no answer (RuntimeError)")
+
+
+def test_an_open_notification_keeps_its_callbacks_and_numbers_on(dispatcher: Dispatcher) -> None:
+    from sqlalchemy import update
+
+    from dispatcher.lifecycle.announce import announce
+    from dispatcher.operations.retention import purge
+    from dispatcher.store.models import Notification
+
+    dispatcher.notify(reminder("cb-7", identifier="p7", phone=PHONE))
+    sent_and_delivered(dispatcher, "cb-7")
+    with dispatcher.sessions.begin() as session:
+        outbox.delivered(session, [c.id for c in session.scalars(select(Callback))], now=datetime.now(UTC))
+        # still open (test code may set a state): a read report may come, so retention keeps it
+        session.execute(update(Notification).where(Notification.event_id == "cb-7").values(state="sent"))
+    later = datetime.now(UTC) + timedelta(days=31)
+    purge(dispatcher.sessions, retention_days=30, now=later, hashing_key=dispatcher.settings.hashing_key, spent_days=365)
+    assert [c.sequence for c in callbacks(dispatcher)] == [1, 2, 3]
+    with dispatcher.sessions.begin() as session:
+        session.execute(update(Notification).where(Notification.event_id == "cb-7").values(state="read"))
+        notification_id = session.scalar(select(Notification.id).where(Notification.event_id == "cb-7"))
+        assert notification_id is not None
+        announce(session, notification_id, now=later)
+    assert [(c.sequence, c.type) for c in callbacks(dispatcher)][-1] == (4, "notification.read")
