@@ -22,6 +22,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   why, and one that retries says after how long (the task's result, what Flower shows).
 * ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
   for a failed read of the workspace (an incoming customer message once crashed it).
+* ``on_time``: no message of a scheduled notification appears before its ``send_at`` (as the host
+  last moved it).
 * ``host_told``: every state a host is told of (accepted, sent, delivered, read, fell back, failed,
   cancelled) has its outcome callback for the current attempt, written in the move's transaction;
   at the end, each notification's callbacks are numbered without a gap and only move forward.
@@ -177,6 +179,7 @@ def check(world: World) -> list[Violation]:
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _cancels(world, messages, notifications)
     found += _host_told(world)
+    found += _on_time(world, messages)
     found += _records_match(world, messages, event_of)
     found += _true_reasons(world, messages, event_of)
     found += _logs(world)
@@ -282,6 +285,25 @@ def _cancels(world: World, messages: list, notifications: list[_Row]) -> list[Vi
         had = before.setdefault(n.event_id, frozenset(of_event[n.event_id]))  # the step its cancel committed in
         if new := of_event[n.event_id] - had:
             found.append(Violation("no_send_after_cancel", f"{n.event_id}: message(s) {sorted(new)} after its cancel"))
+    return found
+
+
+def _on_time(world: World, messages: list) -> list[Violation]:
+    """No message of a scheduled notification appears before its time (as last moved by the host)."""
+    seen: set[int] = world.memory.setdefault("messages_seen", set())
+    new = [m for m in messages if m.id not in seen]
+    if not new:
+        return []
+    seen.update(m.id for m in new)
+    due = {event_id: as_time(send_at) for event_id, send_at in world.raw.execute(
+        "SELECT event_id, send_at FROM notifications WHERE send_at IS NOT NULL")}
+    now = world.clock.utc()
+    found = []
+    for message in new:
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        if match and match.group(1) in due and due[match.group(1)] > now:
+            found.append(Violation("on_time", f"{match.group(1)}: message {message.id} sent "
+                                   f"{(due[match.group(1)] - now).total_seconds():.1f} s before its time"))
     return found
 
 

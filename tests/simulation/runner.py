@@ -110,6 +110,10 @@ WORLDS: dict[str, WorldSpec] = {
     # Cancels (issue 15) before, between and after the claims, with crashes of the host (it asks
     # again), the workers and the sweeps: a cancel that answered cancelled lets nothing out.
     "cancels": WorldSpec(notifications=3, faults=6, fault_rate=0.15, cancels=True, cancel_within_s=8, kind_count=6),
+    # Scheduled notifications (due up to 30 s after their hand-over), moved by the host before, as
+    # or after their time comes, and cancelled: the sweep's release meets reschedules and cancels.
+    "schedules": WorldSpec(notifications=3, faults=6, fault_rate=0.15, cancels=True, cancel_within_s=30,
+                           scheduled=True, kind_count=6),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

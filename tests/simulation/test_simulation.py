@@ -47,7 +47,7 @@ def test_contended_worlds_keep_every_promise() -> None:
 
 
 @pytest.mark.parametrize(("world", "seeds"), [("refusals", 40), ("opt-outs", 40), ("lost-answers", 60), ("crash-loop", 4),
-                                              ("cancels", 40)])
+                                              ("cancels", 40), ("schedules", 20)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying (docs/simulation.md): seeds apart from the mutation

@@ -24,6 +24,7 @@ import random
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from greenlet import greenlet
@@ -34,12 +35,13 @@ from dispatcher import faults
 from dispatcher.api import WorkspaceClient
 from dispatcher.api.errors import ApiError
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
-from dispatcher.errors import StateConflict, TooLate, UnknownNotification
+from dispatcher.errors import InvalidEvent, StateConflict, TooLate, UnknownNotification
 from dispatcher.intake.accept import accept
 from dispatcher.intake.request import NotificationRequest
 from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.operations import set_aside
 from dispatcher.operations.cancel import cancel as cancel_notification
+from dispatcher.operations.cancel import reschedule as reschedule_notification
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
 from dispatcher.policy.ratelimit import LocalLimiter
@@ -290,6 +292,10 @@ class WorldSpec:
     operator: bool = False  # an operator retries notifications set aside (crash_loop), a minute after they are
     cancels: bool = False  # the host may cancel each notification, up to cancel_within_s after handing it over
     cancel_within_s: int = 10
+    # some notifications are scheduled (due up to scheduled_within_s after their hand-over), and the
+    # host may move one before, as or after its time comes
+    scheduled: bool = False
+    scheduled_within_s: int = 30
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -349,6 +355,7 @@ class World:
         if spec.operator:
             self.nodes.append(Node("operator", "operator"))
         self.set_aside_seen: dict[str, float] = {}  # event ID -> when the operator saw it set aside
+        self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
@@ -401,6 +408,14 @@ class World:
                 if self.choices.pick(2):  # within the hand-over's step, or up to cancel_within_s later
                     events.append(HostEvent(handed_over[index] + self.choices.pick(self.spec.cancel_within_s * 10) / 10,
                                             "cancel", index))
+        if self.spec.scheduled:
+            handed_over = {e.index: e.at for e in events if e.kind == "notify"}
+            for index in range(self.spec.notifications):
+                if self.choices.pick(2):  # due a while after its hand-over
+                    self.due_after[index] = 1 + self.choices.pick(self.spec.scheduled_within_s)
+                    if self.choices.pick(2):  # moved, before or after its time came
+                        at = handed_over[index] + self.choices.pick(self.spec.scheduled_within_s + 10)
+                        events.append(HostEvent(at, "reschedule", index))
         return sorted(events, key=lambda e: (e.at, e.index))  # stable: a hand-over before its cancel at the same moment
 
     def _request(self, index: int) -> NotificationRequest:
@@ -423,6 +438,10 @@ class World:
             "event_id": event_id, "contact": {"identifier": f"patient-{index}", "phone_number": phone, "name": "Patient"},
             "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
         }
+        if index in self.due_after:  # scheduled: due this long after its hand-over
+            handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
+            due = self.clock.utc() + timedelta(seconds=handed_over_at - self.clock.now + self.due_after[index])
+            body["send_at"] = due.isoformat()
         if kind == 2:
             body["route"] = "sms"
         else:
@@ -762,7 +781,13 @@ class World:
     def _host_act(self, host_event: HostEvent) -> None:
         request = self.requests[host_event.index]
         if host_event.kind == "notify":
-            record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
+            try:
+                record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
+            except InvalidEvent as refused:  # a scheduled time its first, lost hand-over missed: now, then
+                if refused.field != "send_at":
+                    raise
+                request = self.requests[host_event.index] = request.model_copy(update={"send_at": None})
+                record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
             self.handed_over.add(host_event.index)
             self.note(f"host handed over ev-{host_event.index} ({record.state})")
         elif host_event.kind == "suppress":
@@ -772,8 +797,21 @@ class World:
             self.note(f"host suppressed the recipient of ev-{host_event.index}")
         elif host_event.kind == "cancel":
             self._cancel(host_event.index)
+        elif host_event.kind == "reschedule":
+            self._reschedule(host_event.index)
         else:
             self._stop_reply(host_event)
+
+    def _reschedule(self, index: int) -> None:
+        """The host moves the notification to 1 to 20 s from now (the real operation)."""
+        event_id = f"ev-{index}"
+        send_at = self.clock.utc() + timedelta(seconds=1 + self.choices.pick(20))
+        try:
+            record = reschedule_notification(self.sessions, self.settings, event_id, send_at, clock=self.clock.utc)
+        except (TooLate, UnknownNotification) as late:
+            self.note(f"host reschedules {event_id}: {type(late).__name__}")
+            return
+        self.note(f"host reschedules {event_id}: {record.state} in {(send_at - self.clock.utc()).total_seconds():.0f} s")
 
     def _cancel(self, index: int) -> None:
         """The host cancels (the real operation, as ``Dispatcher.cancel`` runs it); a crash before its
