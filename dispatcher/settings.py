@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -73,6 +74,15 @@ def _checked_callback_url(value: Any) -> Any:
     return value
 
 
+def _checked_zone(name: str) -> str:
+    from dispatcher.policy.quiet_hours import checked_zone  # here: the policy package imports this module
+
+    return checked_zone(name)
+
+
+CallbackUrl = Annotated[str | None, BeforeValidator(_checked_callback_url)]
+
+
 def _check_whsec(secret: str) -> None:
     """A Standard Webhooks secret: ``whsec_`` and base64 of 24 to 64 bytes."""
     import base64
@@ -109,12 +119,7 @@ class Route(BaseModel):
     # in the recipient's time zone (the request's contact.time_zone), else time_zone, else default_time_zone.
     send_window: str | None = None
     time_zone: str | None = None
-    callback_url: str | None = Field(default=None, repr=False)  # this route's outcome callbacks go here instead
-
-    @field_validator("callback_url", mode="before")
-    @classmethod
-    def _callback_url(cls, value: Any) -> Any:
-        return _checked_callback_url(value)
+    callback_url: CallbackUrl = Field(default=None, repr=False)  # this route's outcome callbacks go here instead
 
     @field_validator("send_window")
     @classmethod
@@ -128,11 +133,7 @@ class Route(BaseModel):
     @field_validator("time_zone")
     @classmethod
     def _zone(cls, value: str | None) -> str | None:
-        from dispatcher.policy.quiet_hours import zone  # here: the policy package imports this module
-
-        if value is not None:
-            zone(value)
-        return value
+        return _checked_zone(value) if value is not None else None
 
     @field_validator("opt_out_keywords", "opt_in_keywords")
     @classmethod
@@ -195,7 +196,7 @@ class Settings(BaseSettings):
     # Outcome callbacks to the host (docs/callbacks.md): events POSTed to callback_url, signed per
     # Standard Webhooks with the first of callback_secrets (whsec_...; every one of them while rotating).
     # A route's own callback_url takes its notifications' events instead. Unset: no callbacks.
-    callback_url: str | None = Field(default=None, repr=False)
+    callback_url: CallbackUrl = Field(default=None, repr=False)
     callback_secrets: SecretList = Field(default_factory=list)
     callback_timeout_s: float = Field(default=5.0, gt=0, le=60)
     # An event is delivered at least once, with backoff and jitter, for this long; then it expires.
@@ -309,10 +310,7 @@ class Settings(BaseSettings):
     @field_validator("default_time_zone")
     @classmethod
     def _default_zone(cls, value: str) -> str:
-        from dispatcher.policy.quiet_hours import zone  # here: the policy package imports this module
-
-        zone(value)
-        return value
+        return _checked_zone(value)
 
     @field_validator("api_url")
     @classmethod
@@ -343,11 +341,6 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value().strip()) < 16:
             raise ValueError("must be at least 16 characters (or unset, which turns HTTP intake off)")
         return value
-
-    @field_validator("callback_url", mode="before")
-    @classmethod
-    def _callback_url(cls, value: Any) -> Any:
-        return _checked_callback_url(value)
 
     @field_validator("callback_secrets")
     @classmethod

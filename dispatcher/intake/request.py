@@ -21,12 +21,11 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from dispatcher.errors import InvalidEvent
-from dispatcher.policy.quiet_hours import zone
+from dispatcher.policy.quiet_hours import ZoneName
 from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
@@ -67,14 +66,7 @@ class ContactDetails(BaseModel):
     )
     phone_number: str | None = Field(default=None, repr=False)
     email: Annotated[str, StringConstraints(max_length=EMAIL_MAX_CHARS), PLAIN] | None = Field(default=None, repr=False)
-    time_zone: str | None = None  # IANA; a route's send window is read in it (docs/notifications.md)
-
-    @field_validator("time_zone")
-    @classmethod
-    def _zone(cls, value: str | None) -> str | None:
-        if value is not None:
-            zone(value)
-        return value
+    time_zone: ZoneName | None = None  # IANA; a route's send window is read in it (docs/notifications.md)
 
     @model_validator(mode="after")
     def _reachable(self) -> ContactDetails:

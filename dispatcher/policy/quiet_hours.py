@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
+from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AfterValidator
 
 WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
@@ -45,6 +48,16 @@ def zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError("is not an IANA time zone, such as Europe/Berlin") from None
+
+
+def checked_zone(name: str) -> str:
+    """``name`` when it is an IANA time zone (a pydantic validator: settings and requests take zones)."""
+    zone(name)
+    return name
+
+
+# A time zone's name, checked where it is read (a setting, a request's contact).
+ZoneName = Annotated[str, AfterValidator(checked_zone)]
 
 
 def next_opening(due: datetime, window: SendWindow, where: ZoneInfo) -> datetime:
