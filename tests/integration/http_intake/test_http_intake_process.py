@@ -124,12 +124,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_intake(tmp_path: Path, database_url: str, redis_url: str) -> Iterator[Intake]:
+def running_intake(tmp_path: Path, database_url: str, redis_url: str, **overrides: str) -> Iterator[Intake]:
     upgrade_database(database_url)
     broker_url = fresh_broker_url(redis_url)
     broker = redis.Redis.from_url(broker_url)
     env = dispatcher_environment(api_url="http://127.0.0.1:9", database_url=database_url, broker_url=broker_url,
-                                 DISPATCHER_INTAKE_TOKEN=TOKEN)
+                                 DISPATCHER_INTAKE_TOKEN=TOKEN, **overrides)
     engine = sa.create_engine(database_url)
     log_path = tmp_path / "intake.log"
     process, base_url = _start(env, log_path)
@@ -226,3 +226,22 @@ def test_a_host_hands_over_a_batch_cancels_and_moves_over_the_real_server(
         assert intake.payload_count() == 2  # the cancelled one's content is gone
     output = intake.log_path.read_text(errors="replace")
     assert PHONE not in output and CONTENT not in output and TOKEN not in output
+
+
+def test_quiet_hours_hold_a_hand_over_until_the_window_opens(tmp_path: Path, fresh_postgres_url: str,
+                                                            redis_url: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tests.support.dispatcher_setup import example_settings
+
+    now = datetime.now(UTC)
+    opens = (now + timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    routes = example_settings(api_url="http://x").model_dump(mode="json")["routes"]
+    routes["reminders"]["send_window"] = f"{opens:%H}:00-{opens + timedelta(hours=1):%H}:00"  # now is outside it
+    with running_intake(tmp_path, fresh_postgres_url, redis_url, DISPATCHER_ROUTES=json.dumps(routes)) as intake, \
+            intake.client() as client:
+        answer = client.post("/v1/notifications", json=reminder("quiet-it-1"))
+        assert answer.status_code == 202 and answer.json()["state"] == "scheduled"
+        record = client.get(answer.headers["location"]).json()
+        assert datetime.fromisoformat(record["send_at"]) == opens
+        assert intake.queued_ids() == []  # the sweep releases it when the window opens
