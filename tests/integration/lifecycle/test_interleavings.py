@@ -61,6 +61,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.history: list[tuple[str, list[str]]] = []
         self.read_by: dict[int, tuple[int, int, int]] = {}  # worker -> (attempt, its claims, claims won) as read
         self.claims_won: dict[int, int] = {}  # attempt -> its won claims, counted by the model itself
+        self.cancelled_with: set[int] | None = None  # the messages it had when the host's cancel won
 
     # -- set-up ---------------------------------------------------------------------------------
     @initialize(scheduled=st.booleans(), fallback_route=st.booleans())
@@ -198,6 +199,18 @@ class Lifecycle(RuleBasedStateMachine):
                 assert attempt.state in (AttemptState.ACCEPTED, AttemptState.SENT), attempt.state
                 self.decisions.append("deadline")
 
+    # -- the host --------------------------------------------------------------------------------
+    @rule()
+    def the_host_cancels(self) -> None:
+        try:
+            with self.sessions.begin() as session:
+                notification, attempts = self._rows(session)
+                if moves.cancel(session, notification_id=self.notification_id, number=notification.current_attempt,
+                                route="r", channel="c", detail="cancelled by the host", now=self.now):
+                    self.cancelled_with = {a.message_id for a in attempts if a.message_id is not None}
+        except moves.CancelLost:
+            pass  # the notification had moved: nothing was kept
+
     def _decide_or_end(self, session: Session, purpose: str, kind: str, detail: str) -> None:
         if purpose == AttemptPurpose.FALLBACK:
             moves.end_failed(session, notification_id=self.notification_id, error_kind=kind, detail=detail, now=self.now)
@@ -232,13 +245,17 @@ class Lifecycle(RuleBasedStateMachine):
                 assert AttemptState(attempt.state) in ACCEPTED_ATTEMPT_STATES | {AttemptState.FAILED}
         if self.history:
             before_state, before_attempts = self.history[-1]
-            assert before_state not in (NotificationState.FAILED, NotificationState.READ) or notification.state == before_state
+            assert before_state not in (NotificationState.FAILED, NotificationState.READ, NotificationState.CANCELLED) \
+                or notification.state == before_state
             for old, new in zip(before_attempts, states, strict=False):
                 assert old not in (AttemptState.FAILED, AttemptState.READ) or new == old
                 if AttemptState(old) in ACCEPTED_ATTEMPT_STATES:
                     assert rank(AttemptState(new)) >= rank(AttemptState(old)), (old, new)
         if notification.state == NotificationState.FAILED:
             assert notification.error_kind and notification.error_detail, "an ended notification says why"
+        if self.cancelled_with is not None:  # once cancelled: cancelled for good, and no message after it
+            assert notification.state == NotificationState.CANCELLED
+            assert {a.message_id for a in attempts if a.message_id is not None} == self.cancelled_with
         self.history.append((notification.state, states))
 
 
@@ -311,3 +328,63 @@ def test_every_order_of_two_workers_that_read_claim_and_lose_the_answer(
                 elif won[worker]:  # its answer is lost: it holds the claim it won (the one after what it read)
                     assert moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=read_at[worker][0] + 1, now=START)
         assert claims_won >= 1, f"nobody could claim in the order {order}"
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_every_order_of_a_cancel_and_a_worker_that_opens_reads_claims_and_sends(
+    postgres_sessions: sessionmaker[Session], scheduled: bool
+) -> None:
+    """Checked, not sampled: the host's cancel at each of the five places among a worker's steps
+    (release when scheduled, open the attempt, read it, claim it, record its message). A cancel
+    that answered cancelled is followed by no claim and no message; one that came after the claim
+    answers too late and changes nothing. (A first-draft cancel of the notification's row alone
+    fails the orders where it falls between the worker's read and its claim.)"""
+    worker = (["release"] if scheduled else []) + ["open", "read", "claim", "send"]
+    orders = list(_orders(worker, ["cancel"]))
+    assert len(orders) == len(worker) + 1
+    target = moves.Target(inbox_id=1, contact_id=2, conversation_id=3, channel="c", content_hash="h")
+    for order in orders:
+        with postgres_sessions.begin() as session:
+            notification = moves.new_notification(
+                send_at=START if scheduled else None, event_id=f"cancel-order-{next(EVENTS)}", fingerprint="f" * 64,
+                route="reminders", fallback_route="sms", created_at=START, updated_at=START)
+            session.add(notification)
+            session.flush()
+            notification_id = notification.id
+        cancelled, claimed, sent, seen = False, False, False, None
+        for _, step in order:
+            with postgres_sessions.begin() as session:
+                if step == "release":
+                    moves.release_due(session, [notification_id], now=START)
+                elif step == "open":
+                    row = session.get(Notification, notification_id, populate_existing=True)
+                    assert row is not None
+                    if row.state == NotificationState.QUEUED:
+                        moves.open_attempt(session, notification_id=notification_id, number=1, route="r", channel="c",
+                                           now=START, columns=(Attempt.__table__.c.id,))
+                elif step == "read":
+                    seen = session.scalars(select(Attempt).where(Attempt.notification_id == notification_id)
+                                           .execution_options(populate_existing=True)).one_or_none()
+                    seen = (seen.id, seen.claims) if seen is not None else None
+                elif step == "claim" and seen is not None:
+                    claimed = moves.claim(session, notification_id=notification_id, attempt_id=seen[0], fallback=False,
+                                          target=target, now=START, lease_until=START + LEASE, seen_claims=seen[1])
+                elif step == "send" and claimed:
+                    sent = moves.accept(session, notification_id=notification_id, attempt_id=seen[0] if seen else 0,
+                                        message_id=next(MESSAGES), state=AttemptState.SENT, now=START,
+                                        next_read_at=None) is not None
+                elif step == "cancel":
+                    try:
+                        cancelled = moves.cancel(session, notification_id=notification_id, number=1, route="r",
+                                                 channel="c", detail="cancelled by the host", now=START)
+                    except moves.CancelLost:
+                        cancelled = False
+        with postgres_sessions() as session:
+            final = session.get(Notification, notification_id)
+            assert final is not None
+        steps = [step for _, step in order]
+        if cancelled:
+            assert not claimed and not sent and final.state == NotificationState.CANCELLED, steps
+        else:
+            assert steps.index("cancel") > steps.index("claim") and claimed and sent, steps
+            assert final.state == NotificationState.SENT, steps
