@@ -24,7 +24,7 @@ from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimit
 from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.policy.routes import find_route_inbox
-from dispatcher.settings import Route, Settings
+from dispatcher.settings import DEFAULT_WORKSPACE, Route, Settings
 from dispatcher.store.models import utcnow
 
 ACCOUNT_BUCKET = "account"
@@ -123,7 +123,7 @@ def make_limiter(settings: Settings) -> Limiter:
         return LocalLimiter(limits_of(settings))
     import redis
 
-    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{settings.account_id}:")
+    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=_prefix("dispatcher:rl:", settings))
 
 
 def make_breaker(settings: Settings) -> Breaker:
@@ -134,7 +134,15 @@ def make_breaker(settings: Settings) -> Breaker:
         return LocalBreaker(plan)
     import redis
 
-    return RedisBreaker(redis.Redis.from_url(redis_url), plan, key_prefix=f"dispatcher:{settings.account_id}:")
+    return RedisBreaker(redis.Redis.from_url(redis_url), plan, key_prefix=_prefix("dispatcher:", settings))
+
+
+def _prefix(base: str, settings: Settings) -> str:
+    """Each workspace's own keys: two workspaces on one account ID (two instances) share nothing.
+    The default workspace keeps the keys it always had."""
+    if settings.workspace_name == DEFAULT_WORKSPACE:
+        return f"{base}{settings.account_id}:"
+    return f"{base}{settings.workspace_name}:{settings.account_id}:"
 
 
 def readback_plan_of(settings: Settings) -> ReadBackPlan:

@@ -48,7 +48,9 @@ class Dispatcher:
         Raises InvalidEvent (naming the field) for a request that cannot be sent, and
         EventConflict when the event ID was handed over before with a different request.
         """
-        return intake.accept(parse_request(request), sessions=self.sessions, settings=self.settings, enqueuer=self.enqueuer)
+        parsed = parse_request(request)
+        return intake.accept(parsed, sessions=self.sessions, settings=intake.workspace_settings(self.settings, parsed.workspace),
+                             enqueuer=self.enqueuer)
 
     def notify_many(self, requests: Sequence[NotificationRequest | dict[str, Any] | str | bytes]) -> list[BatchItem]:
         """Hand over up to 1,000 business events at once: a result per item, in their order,
@@ -57,23 +59,24 @@ class Dispatcher:
         itself. Each item is idempotent by its event ID, as with :meth:`notify`."""
         return batch.accept_many(requests, sessions=self.sessions, settings=self.settings, enqueuer=self.enqueuer)
 
-    def status(self, event_id: str) -> NotificationRecord:
-        """The notification's record; UnknownNotification when there is none."""
-        return intake.status(self.sessions, event_id)
+    def status(self, event_id: str, *, workspace: str | None = None) -> NotificationRecord:
+        """The notification's record; UnknownNotification when there is none (in ``workspace``,
+        when given: a host scoped to one workspace reaches nothing else)."""
+        return intake.status(self.sessions, event_id, workspace)
 
-    def cancel(self, event_id: str) -> NotificationRecord:
+    def cancel(self, event_id: str, *, workspace: str | None = None) -> NotificationRecord:
         """Cancel a notification not yet sent: once this returns, nothing of it is sent and nothing
         falls back (its record says ``cancelled``). TooLate, with its state, when a worker already
         holds it or it has ended; UnknownNotification when there is none. Safe to call again."""
-        return host_cancel.cancel(self.sessions, event_id)
+        return host_cancel.cancel(self.sessions, event_id, workspace=workspace)
 
-    def reschedule(self, event_id: str, send_at: datetime) -> NotificationRecord:
+    def reschedule(self, event_id: str, send_at: datetime, *, workspace: str | None = None) -> NotificationRecord:
         """Move a scheduled notification to ``send_at`` (timezone-aware, in the future). TooLate
         when it is no longer scheduled; InvalidEvent naming ``send_at`` for a bad time."""
-        return host_cancel.reschedule(self.sessions, self.settings, event_id, send_at)
+        return host_cancel.reschedule(self.sessions, self.settings, event_id, send_at, workspace=workspace)
 
-    def retry(self, event_id: str,
-              request: NotificationRequest | dict[str, Any] | str | bytes | None = None) -> NotificationRecord:
+    def retry(self, event_id: str, request: NotificationRequest | dict[str, Any] | str | bytes | None = None, *,
+              workspace: str | None = None) -> NotificationRecord:
         """Run a notification again: one set aside as ``crash_loop`` (its send task kept dying)
         from where it was; a ``failed`` one as a new attempt on its route, the same event, with no
         second fallback. A failed notification's content was deleted when it failed, so hand the
@@ -81,7 +84,13 @@ class Dispatcher:
         aside (or the content is missing); EventConflict for a different request;
         UnknownNotification when there is none."""
         parsed = parse_request(request) if request is not None else None
-        return host_retry.retry(self.sessions, self.settings, self.enqueuer, event_id, parsed)
+        return host_retry.retry(self.sessions, self.settings, self.enqueuer, event_id, parsed, workspace=workspace)
+
+    def recipients_for(self, workspace: str) -> Recipients:
+        """The opt-out and consent controls of one workspace (its account's records)."""
+        if workspace not in self.settings.workspaces:
+            return self.recipients
+        return Recipients(self.sessions, self.settings.for_workspace(workspace))
 
     def suppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
                  category: str | None = None) -> int:

@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -173,6 +174,36 @@ class Template(BaseModel):
 SecretList = Annotated[list[SecretStr], NoDecode]
 
 
+DEFAULT_WORKSPACE = "default"  # the workspace of the top-level settings, and of every notification naming none
+WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class Workspace(BaseModel):
+    """One more workspace the deployment serves (``[workspaces.<name>]``): what differs from the
+    top-level settings, which are the ``default`` workspace's. Routes, limits and callbacks left
+    out are the default workspace's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    api_url: str
+    account_id: int = Field(gt=0)
+    api_token: SecretStr
+    webhook_secrets: list[SecretStr] = Field(default_factory=list)
+    intake_token: SecretStr | None = None  # a host holding it reaches this workspace's notifications only
+    routes: dict[str, Route] | None = None
+    api_requests_per_minute: int | None = Field(default=None, gt=0)
+    contact_searches_per_minute: int | None = Field(default=None, gt=0)
+    callback_url: CallbackUrl = Field(default=None, repr=False)
+    callback_secrets: list[SecretStr] | None = None
+
+    @field_validator("intake_token")
+    @classmethod
+    def _intake_token_long(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+
 class Settings(BaseSettings):
     """Everything the dispatcher reads from its environment. Secrets are ``SecretStr``."""
 
@@ -187,6 +218,11 @@ class Settings(BaseSettings):
     api_url: str
     account_id: int = Field(gt=0)
     api_token: SecretStr
+
+    # Several workspaces (docs/workspaces.md): the top-level settings are the "default" one's.
+    workspaces: dict[str, Workspace] = Field(default_factory=dict)
+    # Which workspace these settings are: set by for_workspace, never read from the environment.
+    _workspace: str = PrivateAttr(default=DEFAULT_WORKSPACE)
 
     # Storage and queues.
     # Hidden from repr: a URL may carry a password.
@@ -405,6 +441,18 @@ class Settings(BaseSettings):
                 "countdown outlives the visibility timeout and runs twice")
         if self.callbacks_on and not self.callback_secrets:
             raise ValueError(f"{ENV_PREFIX}CALLBACK_SECRETS (callback_secrets): callbacks are signed; give a whsec_ secret")
+        for name, workspace in self.workspaces.items():
+            if name == DEFAULT_WORKSPACE or not WORKSPACE_NAME.match(name):
+                raise ValueError(f"workspaces.{name}: a workspace name is lower-case letters, digits, _ and -, "
+                                 f"and not {DEFAULT_WORKSPACE!r} (the top-level settings are that one)")
+            if workspace.api_url.rstrip("/") != self.api_url.rstrip("/"):
+                # Message IDs are one instance's, unique across its accounts; another instance
+                # numbers its own from 1, and the store keys webhooks and read-backs by them.
+                raise ValueError(f"workspaces.{name}.api_url: the workspaces are accounts of one instance "
+                                 "(the same api_url); workspaces on separate instances are not supported yet")
+            if workspace.account_id == self.account_id or sum(
+                    other.account_id == workspace.account_id for other in self.workspaces.values()) > 1:
+                raise ValueError(f"workspaces.{name}.account_id: each workspace is an account of its own")
         overlap = set(self.fallback_codes) & set(self.no_fallback_codes)
         if overlap:
             raise ValueError(f"fallback_codes: {sorted(overlap)} also listed in no_fallback_codes")
@@ -419,7 +467,42 @@ class Settings(BaseSettings):
     @property
     def callbacks_on(self) -> bool:
         """Some URL takes outcome callbacks: the moves then write them (dispatcher.lifecycle.announce)."""
-        return self.callback_url is not None or any(route.callback_url for route in self.routes.values())
+        return (self.callback_url is not None or any(route.callback_url for route in self.routes.values())
+                or any(self.for_workspace(name).callbacks_on for name in self.workspaces))
+
+    @property
+    def workspace_names(self) -> list[str]:
+        return [DEFAULT_WORKSPACE, *sorted(self.workspaces)]
+
+    def for_workspace(self, name: str | None) -> Settings:
+        """The settings of workspace ``name`` (None: the default): the top-level ones, with what the
+        workspace sets instead. KeyError for a workspace that is not configured."""
+        if name is None or name == self.workspace_name or (name == DEFAULT_WORKSPACE and not self.workspaces):
+            return self
+        if name == DEFAULT_WORKSPACE:
+            return self
+        workspace = self.workspaces[name]
+        update: dict[str, Any] = {"workspaces": {}, "api_url": workspace.api_url,
+                                  "account_id": workspace.account_id, "api_token": workspace.api_token,
+                                  "webhook_secrets": workspace.webhook_secrets, "intake_token": workspace.intake_token}
+        for key in ("routes", "api_requests_per_minute", "contact_searches_per_minute", "callback_url", "callback_secrets"):
+            if getattr(workspace, key) is not None:
+                update[key] = getattr(workspace, key)
+        chosen = self.model_copy(update=update)
+        chosen._workspace = name
+        return chosen
+
+    @property
+    def workspace_name(self) -> str:
+        return self._workspace
+
+    def intake_tokens(self) -> dict[str, SecretStr]:
+        """Each workspace's HTTP intake token, by workspace name (a token reaches its own only)."""
+        tokens = {DEFAULT_WORKSPACE: self.intake_token} if self.intake_token is not None else {}
+        for name, workspace in self.workspaces.items():
+            if workspace.intake_token is not None:
+                tokens[name] = workspace.intake_token
+        return tokens
 
     def callback_url_for(self, route: str) -> str | None:
         chosen = self.routes.get(route)

@@ -9,12 +9,13 @@ import httpx
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, make_breaker, make_limiter, retry_plan_of
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.settings import Settings, load_settings
+from dispatcher.settings import DEFAULT_WORKSPACE, Settings, load_settings
 from dispatcher.store.db import session_factory, shared_engine
 
 _context: SendContext | None = None
 _enqueuer: CeleryEnqueuer | None = None
 _callback_client: httpx.Client | None = None
+_workspaces: dict[str, SendContext] = {}
 _pid: int | None = None
 
 
@@ -22,6 +23,7 @@ def _fresh_process() -> bool:
     global _context, _enqueuer, _callback_client, _pid
     if _pid != os.getpid():
         _context, _enqueuer, _callback_client, _pid = None, None, None, os.getpid()
+        _workspaces.clear()
         return True
     return False
 
@@ -30,23 +32,55 @@ def settings() -> Settings:
     return send_context().settings
 
 
-def send_context() -> SendContext:
+def send_context(workspace: str = DEFAULT_WORKSPACE) -> SendContext:
+    """The context of one workspace (docs/workspaces.md): its API client, shared limiter and
+    breaker, inbox cache; built on first use in this process."""
     global _context
     _fresh_process()
     if _context is None:
-        loaded = load_settings()
-        api = WorkspaceClient.from_settings(loaded)
-        _context = SendContext(
-            settings=loaded,
-            api=api,
-            sessions=session_factory(shared_engine(loaded.database_url), announce=loaded.callbacks_on),
-            limiter=make_limiter(loaded),
-            inboxes=InboxDirectory(api.list_inboxes),
-            plan=retry_plan_of(loaded),
-            enqueuer=CeleryEnqueuer(loaded.broker_url),
-            breaker=make_breaker(loaded),
-        )
-    return _context
+        _context = _build(load_settings())
+    if workspace == DEFAULT_WORKSPACE or workspace not in _context.settings.workspaces:
+        return _context
+    built = _workspaces.get(workspace)
+    if built is None:
+        built = _workspaces[workspace] = _build(_context.settings.for_workspace(workspace))
+    return built
+
+
+def serves(workspace: str) -> bool:
+    return workspace == DEFAULT_WORKSPACE or workspace in send_context().settings.workspaces
+
+
+def contexts() -> list[SendContext]:
+    """Every workspace's context, the default one first (the sweeps run each one's tracking)."""
+    default = send_context()
+    return [default, *(send_context(name) for name in sorted(default.settings.workspaces))]
+
+
+def workspace_of(table: str, row_id: int) -> str:
+    """The workspace of a notification or a webhook delivery, read only when there are several."""
+    context = send_context()
+    if not context.settings.workspaces:
+        return DEFAULT_WORKSPACE
+    from sqlalchemy import text
+
+    with context.sessions() as session:
+        found = session.execute(text(f"SELECT workspace FROM {table} WHERE id = :id"), {"id": row_id}).scalar()  # noqa: S608
+    return str(found) if found is not None else DEFAULT_WORKSPACE
+
+
+def _build(loaded: Settings) -> SendContext:
+    api = WorkspaceClient.from_settings(loaded)
+    return SendContext(
+        settings=loaded,
+        api=api,
+        sessions=session_factory(shared_engine(loaded.database_url), announce=loaded.callbacks_on),
+        limiter=make_limiter(loaded),
+        inboxes=InboxDirectory(api.list_inboxes),
+        plan=retry_plan_of(loaded),
+        enqueuer=CeleryEnqueuer(loaded.broker_url),
+        breaker=make_breaker(loaded),
+    )
 
 
 def callback_client() -> httpx.Client:

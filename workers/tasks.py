@@ -52,7 +52,11 @@ def _store_unavailable(task: Task, what: str, error: Exception) -> Exception:
 @app.task(name=SEND_TASK, bind=True, max_retries=None)
 def send(self: Task, notification_id: int) -> str:
     """Send one notification's current attempt (at least once; at most one message)."""
-    context = runtime.send_context()
+    workspace = runtime.workspace_of("notifications", int(notification_id))
+    if not runtime.serves(workspace):  # its workspace left the configuration: nothing goes out elsewhere
+        log.error("notification %s: its workspace is not configured; not sent", notification_id)
+        return "skipped"
+    context = runtime.send_context(workspace)
     try:
         result = send_notification(int(notification_id), context)
         SEND_RESULTS.labels(result=result.outcome.value).inc()
@@ -84,7 +88,8 @@ def outcome(self: Task, delivery_row_id: int) -> str:
     A limiter wait is retried after the wait; every run counts a try on the delivery, which is
     set aside past ``delivery_max_tries``, so this cannot loop forever."""
     try:
-        return process_delivery(int(delivery_row_id), runtime.send_context(), runtime.enqueuer())
+        context = runtime.send_context(runtime.workspace_of("webhook_deliveries", int(delivery_row_id)))
+        return process_delivery(int(delivery_row_id), context, runtime.enqueuer())
     except Wait as wait:
         raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
     except (OperationalError, InterfaceError) as error:
@@ -105,9 +110,13 @@ def read_back(self: Task, message_id: int) -> str:
 @app.task(name=TRACKING_SWEEP_TASK, ignore_result=True)
 def track() -> dict[str, object]:
     """Republish lost deliveries, reconcile unconfirmed attempts, decide on missed deadlines."""
-    report = tracking_sweep(runtime.send_context(), runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
-    return {"republished": report.republished, "reconciled": report.reconciled, "deadlines": report.deadline_decisions,
-            "repaired": report.repaired}
+    totals: dict[str, object] = {}
+    for context in runtime.contexts():  # each workspace through its own API, limiter and rows
+        report = tracking_sweep(context, runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
+        totals[context.settings.workspace_name] = {
+            "republished": report.republished, "reconciled": report.reconciled,
+            "deadlines": report.deadline_decisions, "repaired": report.repaired}
+    return totals
 
 
 @app.task(name=RETENTION_TASK, ignore_result=True)

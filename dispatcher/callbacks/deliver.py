@@ -79,7 +79,8 @@ def deliver_due(sessions: sessionmaker[Session], settings: Settings, client: htt
     to_park: list[int] = []
     to_expire: list[tuple[int, str]] = []
     for event in events:
-        url = settings.callback_url_for(event.route)
+        of_workspace = settings.for_workspace(event.workspace) if event.workspace in settings.workspaces else settings
+        url = of_workspace.callback_url_for(event.route)
         if url is None:
             to_expire.append((event.id, "no callback URL is configured for its route"))
         elif (now - event.occurred_at).total_seconds() > settings.callback_max_age_s:
@@ -87,7 +88,7 @@ def deliver_due(sessions: sessionmaker[Session], settings: Settings, client: htt
         elif outbox.url_key(url) in paused:
             to_park.append(event.id)
         else:
-            answers.append((event, outbox.url_key(url), _post(client, url, event, settings)))
+            answers.append((event, outbox.url_key(url), _post(client, url, event, of_workspace)))
     finished = clock()
     with sessions.begin() as session:
         outbox.delivered(session, [event.id for event, _key, error in answers if error is None], now=finished)

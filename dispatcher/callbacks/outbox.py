@@ -26,6 +26,7 @@ class DueCallback:
     id: int
     event_id: str
     route: str
+    workspace: str
     type: str
     attempt: int
     state: str
@@ -54,7 +55,8 @@ def take_due(session: Session, *, now: datetime, hold_until: datetime, limit: in
         return []
     rows = session.execute(
         update(CALLBACKS).where(CALLBACKS.c.id.in_(ids)).values(next_try_at=hold_until)
-        .returning(CALLBACKS.c.id, CALLBACKS.c.event_id, CALLBACKS.c.route, CALLBACKS.c.type, CALLBACKS.c.attempt,
+        .returning(CALLBACKS.c.id, CALLBACKS.c.event_id, CALLBACKS.c.route, CALLBACKS.c.workspace, CALLBACKS.c.type,
+                   CALLBACKS.c.attempt,
                    CALLBACKS.c.state, CALLBACKS.c.channel, CALLBACKS.c.error_kind, CALLBACKS.c.sequence,
                    CALLBACKS.c.occurred_at, CALLBACKS.c.tries)
     ).all()

@@ -56,6 +56,15 @@ def check_request(request: NotificationRequest, settings: Settings, *, now: date
     return fallback_name
 
 
+def workspace_settings(settings: Settings, workspace: str | None) -> Settings:
+    """The settings of the workspace a request names (None: the default); InvalidEvent naming
+    ``workspace`` when the deployment has no such workspace."""
+    try:
+        return settings.for_workspace(workspace)
+    except KeyError:
+        raise InvalidEvent("workspace", "names no configured workspace") from None
+
+
 def _route(settings: Settings, name: str | None, *, field: str) -> Route:
     route = settings.routes.get(name or "")
     if route is None:
@@ -172,6 +181,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         fallback_route=fallback_route,
         channel=settings.routes[request.route].channel.value,
         category=category_of(request, settings),
+        workspace=settings.workspace_name,
         created_at=now,
         updated_at=now,
     )
@@ -215,9 +225,10 @@ def accept(
     return NotificationRecord.of(notification, [])
 
 
-def status(sessions: sessionmaker[Session], event_id: str) -> NotificationRecord:
+def status(sessions: sessionmaker[Session], event_id: str, workspace: str | None = None) -> NotificationRecord:
+    """The record of ``event_id``; with ``workspace``, only when it is that workspace's."""
     with sessions() as session:
-        notification = store.find_notification_by_event(session, event_id)
+        notification = store.find_notification_by_event(session, event_id, workspace=workspace)
         if notification is None:
             raise UnknownNotification(event_id)
         return NotificationRecord.of(notification, store.attempts_of(session, notification.id))

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, EventSpent, InvalidEvent
-from dispatcher.intake.accept import accept, category_of, check_request, payload_of, scheduled_for
+from dispatcher.intake.accept import accept, category_of, check_request, payload_of, scheduled_for, workspace_settings
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.recipients.policy import needs_consent
@@ -61,6 +61,7 @@ class _Valid:
     index: int
     request: NotificationRequest
     fallback_route: str | None
+    settings: Settings  # its workspace's
 
 
 def accept_many(items: Sequence[object], *, sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueuer,
@@ -87,10 +88,10 @@ def accept_many(items: Sequence[object], *, sessions: sessionmaker[Session], set
             results[item.index] = _refused(item.index, event_id, EventSpent(event_id))
         else:
             new.append(item)
-    single = [item for item in new if _decided_one_by_one(item, settings)]
-    results.update(_store_together([item for item in new if item not in single], sessions, settings, enqueuer, now))
+    single = [item for item in new if _decided_one_by_one(item)]
+    results.update(_store_together([item for item in new if item not in single], sessions, enqueuer, now))
     for item in single:
-        results[item.index] = _one(item, sessions, settings, enqueuer, clock)
+        results[item.index] = _one(item, sessions, enqueuer, clock)
     return [results[index] for index in range(len(items))]
 
 
@@ -103,13 +104,14 @@ def _checked(items: Sequence[object], settings: Settings, now: datetime, results
         event_id = _event_id_of(raw)
         try:
             request = parse_request(raw)
-            fallback_route = check_request(request, settings, now=now)
+            of_workspace = workspace_settings(settings, request.workspace)
+            fallback_route = check_request(request, of_workspace, now=now)
         except InvalidEvent as invalid:
             results[index] = _refused(index, event_id, invalid)
             continue
         earlier = first.get(request.event_id)
         if earlier is None:
-            first[request.event_id] = item = _Valid(index, request, fallback_route)
+            first[request.event_id] = item = _Valid(index, request, fallback_route, of_workspace)
             valid.append(item)
         elif earlier.request.fingerprint() != request.fingerprint():
             results[index] = BatchItem(index, request.event_id, ItemOutcome.REFUSED, field="event_id",
@@ -149,18 +151,18 @@ def _spent(session: Session, event_ids: list[str], settings: Settings, now: date
     return {by_key[key] for key in rows}
 
 
-def _decided_one_by_one(item: _Valid, settings: Settings) -> bool:
+def _decided_one_by_one(item: _Valid) -> bool:
     """A capped route counts its recent hand-overs, and a route that needs consent looks it up or
     records it: both are decided in the store, one request at a time (the single path)."""
-    routes = [settings.routes[name] for name in (item.request.route, item.fallback_route) if name is not None]
-    return any(route.max_per_minute is not None or needs_consent(route, settings) for route in routes)
+    routes = [item.settings.routes[name] for name in (item.request.route, item.fallback_route) if name is not None]
+    return any(route.max_per_minute is not None or needs_consent(route, item.settings) for route in routes)
 
 
-def _store_together(items: list[_Valid], sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueuer,
+def _store_together(items: list[_Valid], sessions: sessionmaker[Session], enqueuer: Enqueuer,
                     now: datetime) -> dict[int, BatchItem]:
     if not items:
         return {}
-    rows = [_row(item, settings, now) for item in items]
+    rows = [_row(item, now) for item in items]
     try:
         with sessions.begin() as session:
             ids = moves.create_many(session, rows)
@@ -168,7 +170,7 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], settin
                             [{"notification_id": ids[item.request.event_id], "body": payload_of(item.request)}
                              for item in items])
     except IntegrityError:  # a twin stored one of these events meanwhile: each item decides alone
-        return {item.index: _one(item, sessions, settings, enqueuer, lambda: now) for item in items}
+        return {item.index: _one(item, sessions, enqueuer, lambda: now) for item in items}
     queued = [ids[row["event_id"]] for row in rows if row["enqueued_at"] is not None]
     if queued:
         published = set(enqueuer.enqueue_send(queued))
@@ -180,26 +182,26 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], settin
             for item, row in zip(items, rows, strict=True)}
 
 
-def _row(item: _Valid, settings: Settings, now: datetime) -> dict[str, Any]:
+def _row(item: _Valid, now: datetime) -> dict[str, Any]:
     """The notification's columns, for the one insert of the batch."""
-    request = item.request
+    request, settings = item.request, item.settings
     send_at = scheduled_for(request, settings, now=now)
     return {
         "event_id": request.event_id, "fingerprint": request.fingerprint(), "route": request.route,
         "fallback_route": item.fallback_route, "channel": settings.routes[request.route].channel.value,
         "category": category_of(request, settings), "send_at": send_at, "created_at": now, "updated_at": now,
+        "workspace": settings.workspace_name,
         # queued rows are published right after the commit, as accept() does; scheduled ones wait for the sweep
         "enqueued_at": now if send_at is None else None,
     }
 
 
-def _one(item: _Valid, sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueuer,
-         clock: Callable[[], datetime]) -> BatchItem:
+def _one(item: _Valid, sessions: sessionmaker[Session], enqueuer: Enqueuer, clock: Callable[[], datetime]) -> BatchItem:
     event_id = item.request.event_id
     with sessions() as session:
         existed = store.find_notification_by_event(session, event_id) is not None
     try:
-        record = accept(item.request, sessions=sessions, settings=settings, enqueuer=enqueuer, clock=clock)
+        record = accept(item.request, sessions=sessions, settings=item.settings, enqueuer=enqueuer, clock=clock)
     except InvalidEvent as invalid:
         return _refused(item.index, event_id, invalid)
     outcome = ItemOutcome.DUPLICATE if existed else ItemOutcome.ACCEPTED

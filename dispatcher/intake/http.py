@@ -36,6 +36,7 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -60,8 +61,9 @@ from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.backlog import BacklogGate
 from dispatcher.intake.batch import BatchItem
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
+from dispatcher.recipients.controls import Recipients
 from dispatcher.service import Dispatcher
-from dispatcher.settings import ENV_PREFIX, load_settings
+from dispatcher.settings import DEFAULT_WORKSPACE, ENV_PREFIX, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,7 @@ def _text(data: dict[str, Any], name: str) -> str | None:
     return value
 
 
-_RECIPIENT_ACTIONS: dict[str, Callable[[Dispatcher, dict[str, Any]], dict[str, Any]]] = {
+_RECIPIENT_ACTIONS: dict[str, Callable[[Recipients, dict[str, Any]], dict[str, Any]]] = {
     "suppress": lambda d, data: {"added": d.suppress(_recipient_field(data), channel=_text(data, "channel"),
                                                      category=_text(data, "category"))},
     "unsuppress": lambda d, data: {"lifted": d.unsuppress(_recipient_field(data), channel=_text(data, "channel"),
@@ -137,7 +139,12 @@ def create_intake_routes(
     :class:`~dispatcher.errors.ConfigurationError` (an intake nobody can call is a mistake).
     ``max_backlog`` notifications waiting for a worker make a POST answer 429 (0: never).
     """
-    expected = _token_digest(token)
+    # Each token reaches one workspace's notifications: the default one's (``token``), or the one
+    # whose ``intake_token`` it is (docs/workspaces.md).
+    workspace_of = {_token_digest(token): DEFAULT_WORKSPACE}
+    for name, scoped_token in dispatcher.settings.intake_tokens().items():
+        if name != DEFAULT_WORKSPACE:
+            workspace_of[_token_digest(scoped_token)] = name
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
     backlog = BacklogGate(dispatcher.sessions, max_backlog=max_backlog)
@@ -145,7 +152,8 @@ def create_intake_routes(
                           "too many notifications are waiting to be sent; hand this one over again later",
                           {"Retry-After": str(retry_after_s)})
 
-    def authenticate(request: Request) -> None:
+    def authenticate(request: Request) -> str:
+        """The workspace the request's bearer token reaches; 401 for none."""
         scheme, _, presented = request.headers.get("authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
             raise _Refusal(401, "unauthorized", "authorization", "a bearer token is required",
@@ -153,23 +161,38 @@ def create_intake_routes(
         # Digests of equal length: the comparison reveals neither the token nor its length.
         # Header values arrive decoded as latin-1: encoding back gives the bytes the client sent.
         presented_digest = hashlib.sha256(presented.strip().encode("latin-1")).digest()
-        if not hmac.compare_digest(presented_digest, expected):
+        reached = None
+        for digest, name in workspace_of.items():  # every one compared, so the time says nothing of which
+            if hmac.compare_digest(presented_digest, digest):
+                reached = name
+        if reached is None:
             raise _Refusal(401, "unauthorized", "authorization", "the bearer token is not valid",
                            {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return reached
+
+    def scoped(data: Any, workspace: str) -> Any:
+        """A request of the token's workspace: one naming no workspace takes it; one naming another is refused."""
+        if isinstance(data, dict):
+            named = data.get("workspace")
+            if named is None:
+                return data if workspace == DEFAULT_WORKSPACE else {**data, "workspace": workspace}
+            if named != workspace:
+                raise _Refusal(403, "forbidden", "workspace", "the bearer token is not this workspace's")
+        return data
 
     async def notifications(request: Request) -> Response:
         if request.method != "POST":
             return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
         event_id = "-"
         try:
-            authenticate(request)
+            workspace = authenticate(request)
             if backlog.enabled and await run_in_threadpool(backlog.is_full):
                 raise backlogged
             _check_content_type(request)
             body = await _read_body(request, max_body_bytes)
             data = _parse_json(body)
             event_id = _loggable_event_id(data)
-            record = await run_in_threadpool(dispatcher.notify, data)
+            record = await run_in_threadpool(dispatcher.notify, scoped(data, workspace))
         except _Refusal as refusal:
             return _refused(refusal, event_id)
         except EventConflict as conflict:  # before InvalidEvent: it is one
@@ -197,23 +220,24 @@ def create_intake_routes(
         logged = event_id if _EVENT_ID.fullmatch(event_id) else "-"
         asked = _ITEM_METHODS[request.method]
         try:
-            authenticate(request)
+            workspace = authenticate(request)
             if not _EVENT_ID.fullmatch(event_id):
                 raise UnknownNotification(event_id)
             if request.method == "PATCH":
                 _check_content_type(request)
                 send_at = _send_at_of(_parse_json(await _read_body(request, max_body_bytes)))
-                record = await run_in_threadpool(dispatcher.reschedule, event_id, send_at)
+                record = await run_in_threadpool(partial(dispatcher.reschedule, workspace=workspace), event_id, send_at)
             elif request.method == "POST":
                 body = await _read_body(request, max_body_bytes)
                 if body.strip():
                     _check_content_type(request)
                 handed_over = _parse_json(body) if body.strip() else None
-                record = await run_in_threadpool(dispatcher.retry, event_id, handed_over)
+                record = await run_in_threadpool(partial(dispatcher.retry, workspace=workspace), event_id,
+                                                 scoped(handed_over, workspace) if handed_over is not None else None)
             elif request.method == "DELETE":
-                record = await run_in_threadpool(dispatcher.cancel, event_id)
+                record = await run_in_threadpool(partial(dispatcher.cancel, workspace=workspace), event_id)
             else:
-                record = await run_in_threadpool(dispatcher.status, event_id)
+                record = await run_in_threadpool(partial(dispatcher.status, workspace=workspace), event_id)
         except _Refusal as refusal:  # the path's ID is not logged for a caller that did not authenticate
             return _refused(refusal, "-")
         except UnknownNotification:  # not logged: an ID nobody handed over could be anything
@@ -244,14 +268,15 @@ def create_intake_routes(
         if request.method != "POST":
             return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
         try:
-            authenticate(request)
+            workspace = authenticate(request)
             if backlog.enabled and await run_in_threadpool(backlog.is_full):
                 raise backlogged
             _check_content_type(request)
             data = _parse_json(await _read_body(request, max_body_bytes * BATCH_BODY_FACTOR))
             if not isinstance(data, dict) or set(data) != {"notifications"} or not isinstance(data["notifications"], list):
                 raise InvalidEvent("body", "an object with notifications only: a list of notification requests")
-            results = await run_in_threadpool(dispatcher.notify_many, data["notifications"])
+            results = await run_in_threadpool(dispatcher.notify_many, [_scoped_item(item, workspace)
+                                                                      for item in data["notifications"]])
         except _Refusal as refusal:
             return _refused(refusal, "-")
         except InvalidEvent as invalid:
@@ -273,14 +298,14 @@ def create_intake_routes(
         if request.method != "POST":
             return _error(_Refusal(405, "method_not_allowed", "method", "use POST", {"Allow": "POST"}))
         try:
-            authenticate(request)
+            workspace = authenticate(request)
             if action not in _RECIPIENT_ACTIONS:
                 raise _Refusal(404, "not_found", "action", f"one of {', '.join(sorted(_RECIPIENT_ACTIONS))}")
             _check_content_type(request)
             data = _parse_json(await _read_body(request, max_body_bytes))
             if not isinstance(data, dict) or set(data) - {"recipient", "channel", "category", "reference"}:
                 raise InvalidEvent("body", "an object with recipient and, as the action needs, channel, category, reference")
-            answer = await run_in_threadpool(_RECIPIENT_ACTIONS[action], dispatcher, data)
+            answer = await run_in_threadpool(_RECIPIENT_ACTIONS[action], dispatcher.recipients_for(workspace), data)
         except _Refusal as refusal:
             return _refused(refusal, "-")
         except InvalidEvent as invalid:
@@ -384,6 +409,18 @@ def _parse_json(body: bytes) -> Any:
         return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError):  # also invalid UTF-8 and over-long integers
         raise _Refusal(400, "malformed_json", "body", "is not valid JSON") from None
+
+
+def _scoped_item(item: Any, workspace: str) -> Any:
+    """A batch item of the token's workspace (one naming none takes it). One naming another keeps
+    its name and gets a workspace of its own that no configuration has, so it alone is refused,
+    naming ``workspace``, without its request telling anything about the other workspace."""
+    if not isinstance(item, dict):
+        return item
+    named = item.get("workspace")
+    if named is None:
+        return item if workspace == DEFAULT_WORKSPACE else {**item, "workspace": workspace}
+    return item if named == workspace else {**item, "workspace": "-not-yours"}
 
 
 def _item_answer(result: BatchItem) -> dict[str, Any]:

@@ -107,6 +107,8 @@ class NotificationRequest(BaseModel):
     template: TemplateChoice | None = None
     fallback_route: Name | None = None
     send_at: AwareDatetime | None = None
+    # the workspace it goes through (docs/workspaces.md); absent: the default one
+    workspace: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")] | None = None
     # what kind of notification this is, for opt-outs by category; the route's category when absent
     category: Name | None = None
     # the host's reference to the recipient's consent (web-session routes need one, or consent
@@ -137,6 +139,8 @@ class NotificationRequest(BaseModel):
         dumped = self.model_dump(mode="json")
         if dumped["contact"]["time_zone"] is None:  # added later: absent, so that earlier requests keep their fingerprint
             del dumped["contact"]["time_zone"]
+        if dumped["workspace"] is None:  # the same
+            del dumped["workspace"]
         canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

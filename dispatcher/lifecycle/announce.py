@@ -36,7 +36,7 @@ EVENT_OF_STATE: dict[str, str] = {
 NOTIFICATIONS = table_of(Notification)
 CALLBACKS = table_of(Callback)
 ATTEMPTS = table_of(Attempt)
-_COLUMNS = ("notification_id", "event_id", "route", "type", "attempt", "state", "channel", "error_kind", "sequence",
+_COLUMNS = ("notification_id", "event_id", "route", "workspace", "type", "attempt", "state", "channel", "error_kind", "sequence",
             "occurred_at", "status", "tries", "next_try_at")
 
 
@@ -56,7 +56,7 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
                                                              ATTEMPTS.c.number == n.c.current_attempt).scalar_subquery(),
                             n.c.channel)
     source = select(
-        n.c.id, n.c.event_id, n.c.route, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
+        n.c.id, n.c.event_id, n.c.route, n.c.workspace, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
         channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
     ).where(n.c.id == notification_id, n.c.state.in_(list(EVENT_OF_STATE)))
     session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source)

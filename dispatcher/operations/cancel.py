@@ -32,19 +32,19 @@ from dispatcher.store.record import NotificationRecord
 CANCEL_DETAIL = "cancelled by the host before it was sent; nothing was sent"
 
 
-def cancel(sessions: sessionmaker[Session], event_id: str, *,
+def cancel(sessions: sessionmaker[Session], event_id: str, *, workspace: str | None = None,
            clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
     """Cancel the notification handed over as ``event_id``. UnknownNotification when there is
     none; TooLate (with its state) when a worker holds it or it has ended; nothing changes then."""
     now = clock()
     try:
         with sessions.begin() as session:
-            notification = _find(session, event_id)
+            notification = _find(session, event_id, workspace)
             if notification.state != NotificationState.CANCELLED:
                 _cancel(session, notification, now=now)
     except moves.CancelLost:  # the notification moved between the two rows' moves: nothing was kept
         raise TooLate(event_id, _state_of(sessions, event_id), "cancel") from None
-    return _record(sessions, event_id)
+    return _record(sessions, event_id, workspace)
 
 
 def _cancel(session: Session, notification: Notification, *, now: datetime) -> None:
@@ -59,7 +59,7 @@ def _cancel(session: Session, notification: Notification, *, now: datetime) -> N
 
 
 def reschedule(sessions: sessionmaker[Session], settings: Settings, event_id: str, send_at: datetime, *,
-               clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
+               workspace: str | None = None, clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
     """Send a scheduled notification at ``send_at`` (timezone-aware, in the future) instead, or at
     its route's next send window opening when that time falls outside the window. InvalidEvent
     names ``send_at`` when it is not; TooLate when the notification is no longer scheduled (its
@@ -70,15 +70,17 @@ def reschedule(sessions: sessionmaker[Session], settings: Settings, event_id: st
     if send_at <= now:
         raise InvalidEvent("send_at", "must be in the future")
     with sessions.begin() as session:
-        notification = _find(session, event_id)
-        route = settings.routes.get(notification.route)
+        notification = _find(session, event_id, workspace)
+        of_workspace = settings.for_workspace(notification.workspace) if notification.workspace in settings.workspaces \
+            else settings
+        route = of_workspace.routes.get(notification.route)
         if route is not None:
-            send_at = within_window(send_at.astimezone(UTC), _time_zone_of(session, notification.id), route, settings,
-                                    now=now) or send_at
+            send_at = within_window(send_at.astimezone(UTC), _time_zone_of(session, notification.id), route,
+                                    of_workspace, now=now) or send_at
         if not moves.reschedule(session, notification_id=notification.id, send_at=send_at.astimezone(UTC), now=now):
             session.refresh(notification)  # its time came meanwhile, or it was cancelled: say where it is now
             raise TooLate(event_id, notification.state, "reschedule")
-    return _record(sessions, event_id)
+    return _record(sessions, event_id, workspace)
 
 
 def _time_zone_of(session: Session, notification_id: int) -> str | None:
@@ -90,8 +92,8 @@ def _time_zone_of(session: Session, notification_id: int) -> str | None:
         return None
 
 
-def _find(session: Session, event_id: str) -> Notification:
-    notification = store.find_notification_by_event(session, event_id)
+def _find(session: Session, event_id: str, workspace: str | None = None) -> Notification:
+    notification = store.find_notification_by_event(session, event_id, workspace=workspace)
     if notification is None:
         raise UnknownNotification(event_id)
     return notification
@@ -102,7 +104,7 @@ def _state_of(sessions: sessionmaker[Session], event_id: str) -> str:
         return _find(session, event_id).state
 
 
-def _record(sessions: sessionmaker[Session], event_id: str) -> NotificationRecord:
+def _record(sessions: sessionmaker[Session], event_id: str, workspace: str | None = None) -> NotificationRecord:
     with sessions() as session:
-        notification = _find(session, event_id)
+        notification = _find(session, event_id, workspace)
         return NotificationRecord.of(notification, store.attempts_of(session, notification.id))

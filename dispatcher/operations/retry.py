@@ -31,21 +31,23 @@ from dispatcher.store.record import NotificationRecord
 
 
 def retry(sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueuer, event_id: str,
-          request: NotificationRequest | None = None, *, clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
+          request: NotificationRequest | None = None, *, workspace: str | None = None,
+          clock: Callable[[], datetime] = utcnow) -> NotificationRecord:
     """Run ``event_id`` again: set aside, or failed. UnknownNotification when there is none;
     StateConflict when it is neither, or when it failed and its content is gone and no
     ``request`` came with the retry; EventConflict when ``request`` is not the one handed over."""
     with sessions() as session:
-        notification = store.find_notification_by_event(session, event_id)
+        notification = store.find_notification_by_event(session, event_id, workspace=workspace)
         if notification is None:
             raise UnknownNotification(event_id)
-        state, error_kind = notification.state, notification.error_kind
+        state, error_kind, of_workspace = notification.state, notification.error_kind, notification.workspace
     if state != NotificationState.FAILED and error_kind == moves.CRASH_LOOP:
         return set_aside.retry(sessions, event_id)
     if state != NotificationState.FAILED:
         raise StateConflict(f"notification {event_id!r} is {state}; only a failed one, or one set aside "
                             "(crash_loop), is retried")
-    return _retry_failed(sessions, settings, enqueuer, event_id, request, now=clock())
+    chosen = settings.for_workspace(of_workspace) if of_workspace in settings.workspaces else settings
+    return _retry_failed(sessions, chosen, enqueuer, event_id, request, now=clock())
 
 
 def _retry_failed(sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueuer, event_id: str,

@@ -99,6 +99,8 @@ class Notification(Base):
     current_attempt: Mapped[int] = mapped_column(SmallInteger, default=1, server_default="1")
     # what kind of notification it is, for opt-outs by category ("service", "marketing", ...)
     category: Mapped[str] = mapped_column(String(64), default="service", server_default="service")
+    # the workspace it is sent through (docs/workspaces.md); "default": the top-level settings'
+    workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default", index=True)
 
 
 class Attempt(Base):
@@ -219,6 +221,7 @@ class WebhookDelivery(Base):
     outcome: Mapped[str | None] = mapped_column(String(40))  # applied, ignored, stale, duplicate_status, set_aside...
     tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # consumer runs; set aside past a bound
     last_error: Mapped[str | None] = mapped_column(String(80))  # why the last run failed: an error class, no content
+    workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default")  # whose webhook
 
 
 class AppliedStatus(Base):
@@ -306,6 +309,7 @@ class Callback(Base):
     notification_id: Mapped[int] = mapped_column(BigInteger, index=True)  # no key: kept past retention's purge
     event_id: Mapped[str] = mapped_column(String(200))
     route: Mapped[str] = mapped_column(String(64))  # a route may name its own callback URL
+    workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default")  # and a workspace
     type: Mapped[str] = mapped_column(String(40))  # notification.accepted, .sent, ... .cancelled
     attempt: Mapped[int] = mapped_column(SmallInteger)
     state: Mapped[str] = mapped_column(String(20))

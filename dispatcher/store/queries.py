@@ -132,8 +132,13 @@ _ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 # --- notifications --------------------------------------------------------------------------
 
 
-def find_notification_by_event(session: Session, event_id: str) -> Notification | None:
-    return session.scalars(select(Notification).where(Notification.event_id == event_id)).one_or_none()
+def find_notification_by_event(session: Session, event_id: str, *, workspace: str | None = None) -> Notification | None:
+    """The notification handed over as ``event_id``; with ``workspace``, only when it is that
+    workspace's (a host's scoped token reaches nothing else)."""
+    query = select(Notification).where(Notification.event_id == event_id)
+    if workspace is not None:
+        query = query.where(Notification.workspace == workspace)
+    return session.scalars(query).one_or_none()
 
 
 def load_notification(session: Session, notification_id: int) -> Notification | None:
@@ -529,7 +534,8 @@ class DueRead:
     accepted_at: datetime | None
 
 
-def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: datetime) -> list[DueRead]:
+def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: datetime,
+                   workspace: str = "default") -> list[DueRead]:
     """Take up to ``limit`` attempts due for a read back, oldest first, for this sweep alone: their
     next read moves to ``hold_until`` in the same statement's transaction, and on PostgreSQL rows
     another sweep holds are skipped (``FOR UPDATE SKIP LOCKED``), so sweeps in several processes
@@ -542,6 +548,7 @@ def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: d
             Attempt.message_id.is_not(None),
             Attempt.next_read_at <= now,
             Attempt.number == Notification.current_attempt,
+            Notification.workspace == workspace,  # read back through its own workspace's API
             or_(Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)), Notification.fallback_decision.is_(None)),
         )
         .order_by(Attempt.next_read_at)
@@ -571,7 +578,8 @@ class LateAttempt:
     accepted_at: datetime
 
 
-def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int) -> list[LateAttempt]:
+def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int,
+                           workspace: str = "default") -> list[LateAttempt]:
     """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
     fallback decided (the first send, or its resend as a template), oldest first."""
     rows = session.execute(
@@ -581,6 +589,7 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
             Attempt.number == Notification.current_attempt,
             Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)),
             Attempt.route == route,
+            Notification.workspace == workspace,
             Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
             Attempt.accepted_at < accepted_before,
             Notification.fallback_decision.is_(None),
@@ -591,7 +600,8 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
     return [LateAttempt(notification_id, attempt_id, accepted_at) for notification_id, attempt_id, accepted_at in rows]
 
 
-def undecided_failures(session: Session, *, failed_before: datetime, limit: int) -> list[tuple[int, str, str | None, str | None]]:
+def undecided_failures(session: Session, *, failed_before: datetime, limit: int,
+                       workspace: str = "default") -> list[tuple[int, str, str | None, str | None]]:
     """Failed current attempts whose consequence is missing: a first or template attempt with no
     fallback decision, or a fallback or retry whose notification was not ended.
     (notification id, attempt purpose, error kind, detail)"""
@@ -609,6 +619,7 @@ def undecided_failures(session: Session, *, failed_before: datetime, limit: int)
             # ended: a cancel fails the current attempt and needs no decision (else every sweep
             # would take it again, and a hundred cancels would crowd the real repairs out)
             Notification.state.not_in([NotificationState.FAILED, NotificationState.CANCELLED]),
+            Notification.workspace == workspace,
         )
         .order_by(Attempt.updated_at)
         .limit(limit)
@@ -616,7 +627,8 @@ def undecided_failures(session: Session, *, failed_before: datetime, limit: int)
     return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
-def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: datetime, limit: int) -> list[int]:
+def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: datetime, limit: int,
+                         workspace: str = "default") -> list[int]:
     """Recorded webhook deliveries whose outcome task never finished (lost with a consumer), with no
     news since ``quiet_since``: neither received nor published again after it. They are marked as
     published again now, so each one goes to the queue at most once per grace period, however
@@ -624,7 +636,8 @@ def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: dateti
     ids = list(
         session.scalars(
             select(WebhookDelivery.id)
-            .where(WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < quiet_since,
+            .where(WebhookDelivery.workspace == workspace,
+                   WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < quiet_since,
                    or_(WebhookDelivery.republished_at.is_(None), WebhookDelivery.republished_at < quiet_since))
             .order_by(WebhookDelivery.id)
             .limit(limit)

@@ -320,7 +320,8 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     a failed fallback or retry whose notification is not ended is ended. Both are idempotent.
     """
     with ctx.sessions() as session:
-        undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit)
+        undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit,
+                                             workspace=ctx.settings.workspace_name)
     for notification_id, purpose, error_kind, error_detail in undecided:
         if purpose in AFTER_DECISION_PURPOSES and error_kind == "external_error":
             end_fallback_after_external_failure(notification_id, error_detail, ctx)

@@ -46,17 +46,20 @@ class SweepReport:
 
 
 def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
+    """One workspace's tracking (``ctx`` is its own: its API, limiter and rows); a deployment with
+    several runs it for each."""
     report = SweepReport()
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         lost = store.take_lost_deliveries(session, quiet_since=now - timedelta(seconds=DELIVERY_GRACE_S), now=now,
-                                          limit=BATCH)
+                                          limit=BATCH, workspace=ctx.settings.workspace_name)
     for delivery_row_id in lost:
         publish_outcome(delivery_row_id)
         report.republished += 1
     with ctx.sessions.begin() as session:
         reads = store.take_due_reads(session, now=ctx.clock(), limit=BATCH,
-                                     hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S))
+                                     hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S),
+                                     workspace=ctx.settings.workspace_name)
     try:
         report.reconciled = tracking.reconcile_due(reads, ctx, enqueuer)
     except Wait:
@@ -64,7 +67,8 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
     for name, route in ctx.settings.routes.items():
         with ctx.sessions() as session:
             late = store.attempts_past_deadline(
-                session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH
+                session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH,
+                workspace=ctx.settings.workspace_name,
             )
         for attempt in late:
             result = _decide_at_deadline(attempt, route.delivery_deadline_s, ctx, enqueuer)

@@ -38,6 +38,7 @@ class NewDelivery:
     event: str
     summary: dict[str, Any]  # EventSummary.model_dump(mode="json"): IDs and status, no personal data
     received_at: datetime
+    workspace: str = "default"  # whose webhook it is: the path it came to, whose secret verified it
 
 
 def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewDelivery]) -> list[int | None]:
@@ -45,7 +46,8 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
     first: dict[str, int] = {}
     for index, delivery in enumerate(deliveries):
         first.setdefault(delivery.delivery_id, index)
-    rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at}
+    rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at,
+             "workspace": d.workspace}
             for index, d in enumerate(deliveries) if first[d.delivery_id] == index]
     with sessions() as session:
         connection = session.connection()

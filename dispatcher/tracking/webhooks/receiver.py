@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -98,7 +98,17 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
     writer: GroupWriter[NewDelivery, bytes] = GroupWriter(record_and_publish)
 
-    async def receive(request: Request) -> Response:
+    def receiver_for(read: Callable[[Mapping[str, str], bytes, float], NewDelivery], *,
+                     read_back: bool) -> Callable[[Request], Awaitable[Response]]:
+        """One workspace's endpoint: its secrets verify, its name goes with each delivery."""
+
+        async def receive(request: Request) -> Response:
+            return await _receive(request, read, read_back=read_back)
+
+        return receive
+
+    async def _receive(request: Request, read: Callable[[Mapping[str, str], bytes, float], NewDelivery], *,
+                       read_back: bool) -> Response:
         try:
             try:
                 async with asyncio.timeout(body_timeout_s):  # a timer, no extra task on the hot path
@@ -126,7 +136,8 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             log.error("webhook delivery %s not recorded: %s", delivery.delivery_id, type(error).__name__)
             # A stock workspace never sends it again: have the message read back as soon as the
             # store answers (by its ID only), instead of at the next scheduled read-back.
-            await run_in_threadpool(_ask_read_back, send, delivery.summary.get("message_id"))
+            if read_back:  # by the default workspace's API; another's waits for its scheduled read-back
+                await run_in_threadpool(_ask_read_back, send, delivery.summary.get("message_id"))
             return _refusal("store_unavailable", 503)
         WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
         return Response(answer, media_type="application/json")
@@ -153,7 +164,12 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
             body = await run_in_threadpool(render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    routes = [Route(settings.webhook_path, receive, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+    # The default workspace's webhooks come to webhook_path, another workspace's to webhook_path/<name>.
+    workspace_routes = [Route(f"{settings.webhook_path}/{name}", receiver_for(delivery_reader(settings.for_workspace(name)),
+                                                                             read_back=False), methods=["POST"])
+                        for name in sorted(settings.workspaces)]
+    routes = [Route(settings.webhook_path, receiver_for(read, read_back=True), methods=["POST"]), *workspace_routes,
+              Route("/healthz", healthz, methods=["GET"]),
               Route("/readyz", readyz, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     if settings.intake_token is not None:
         # HTTP intake for hosts not written in Python, beside the receiver (docs/http-intake.md).
@@ -211,7 +227,7 @@ def delivery_reader(settings: Settings) -> Callable[[Mapping[str, str], bytes, f
         verified = verify_delivery(headers, body, secrets=secrets, prefixes=prefixes, window_s=window_s, now=now)
         summary = _summary(body, reply_words, settings.hashing_key)
         return NewDelivery(verified.delivery_id, summary.event, summary.model_dump(mode="json"),
-                           datetime.fromtimestamp(now, UTC))
+                           datetime.fromtimestamp(now, UTC), workspace=settings.workspace_name)
 
     return read
 

@@ -52,10 +52,10 @@ def setup(
         yield dispatcher, group
 
 
-def _settings_from(env: dict[str, str]) -> Settings:
+def _settings_from(env: dict[str, str], **more: Any) -> Settings:
     overrides = {key.removeprefix("DISPATCHER_").lower(): value for key, value in env.items()
                  if key.startswith("DISPATCHER_") and key not in ("DISPATCHER_CONFIG",) and not key.startswith("DISPATCHER_TEST_")}
-    return example_settings(**overrides)
+    return example_settings(**overrides, **more)
 
 
 def _states(dispatcher: Dispatcher, event_ids: list[str]) -> Counter[str]:

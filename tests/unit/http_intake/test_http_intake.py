@@ -414,7 +414,7 @@ def test_a_store_failure_answers_503_and_names_no_values(
 def test_an_unexpected_failure_answers_500_in_json_without_its_message(
     intake: Intake, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(*_args: Any) -> Any:
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError(f"could not reach {PHONE}")
 
     monkeypatch.setattr(intake.dispatcher, "notify", broken)

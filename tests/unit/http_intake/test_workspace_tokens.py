@@ -1,0 +1,106 @@
+"""Several workspaces behind one intake: a token reaches its own workspace's notifications only.
+It can neither create one in another workspace nor read, cancel, move or retry one there; its
+opt-outs are its own account's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.intake.http import BATCHES_PATH, create_intake_app
+from dispatcher.service import Dispatcher
+from tests.support.dispatcher_setup import example_settings
+from tests.unit.http_intake.conftest import AUTH, PATH, TOKEN, TestClient, valid_request
+
+NORTH_TOKEN = "north-intake-token-51c9a0e2"
+NORTH = {"Authorization": f"Bearer {NORTH_TOKEN}"}
+
+
+@pytest.fixture()
+def two(store_url: str, clean_environment: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Dispatcher]]:
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=store_url, workspaces={
+        "north": {"api_url": "http://127.0.0.1:9", "account_id": 7, "api_token": "north-api-token-0123456789",
+                  "intake_token": NORTH_TOKEN}})
+    dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer())
+    with TestClient(create_intake_app(dispatcher, token=TOKEN)) as client:
+        yield client, dispatcher
+
+
+def test_a_token_creates_in_its_own_workspace_only(two: tuple[TestClient, Dispatcher]) -> None:
+    client, dispatcher = two
+    assert client.post(PATH, json=valid_request("north-1"), headers=NORTH).status_code == 202
+    assert dispatcher.status("north-1").route == "reminders"
+    with dispatcher.sessions() as session:
+        from dispatcher.store import queries as store
+
+        row = store.find_notification_by_event(session, "north-1")
+        assert row is not None and row.workspace == "north"
+    foreign = client.post(PATH, json=valid_request("north-2", workspace="default"), headers=NORTH)
+    assert (foreign.status_code, foreign.json()["field"]) == (403, "workspace")
+    also_foreign = client.post(PATH, json=valid_request("default-2", workspace="north"), headers=AUTH)
+    assert (also_foreign.status_code, also_foreign.json()["field"]) == (403, "workspace")
+    unknown = client.post(PATH, json=valid_request("x-1", workspace="south"), headers=NORTH)
+    assert unknown.status_code == 403
+    with pytest.raises(Exception, match="workspace"):  # in Python, a workspace nobody configured is named
+        dispatcher.notify(valid_request("x-2", workspace="south"))
+
+
+def test_a_token_neither_reads_nor_changes_another_workspace_s_notification(two: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = two
+    assert client.post(PATH, json=valid_request("default-1"), headers=AUTH).status_code == 202
+    assert client.post(PATH, json=valid_request("north-3", send_at="2099-01-01T09:00:00+00:00"),
+                       headers=NORTH).status_code == 202
+    for headers, event_id in ((NORTH, "default-1"), (AUTH, "north-3")):
+        url = f"{PATH}/{event_id}"
+        assert client.get(url, headers=headers).status_code == 404
+        assert client.delete(url, headers=headers).status_code == 404
+        assert client.patch(url, json={"send_at": "2099-02-01T09:00:00+00:00"}, headers=headers).status_code == 404
+        assert client.post(url, headers=headers).status_code == 404
+    assert client.get(f"{PATH}/default-1", headers=AUTH).json()["state"] == "queued"
+    assert client.get(f"{PATH}/north-3", headers=NORTH).json()["state"] == "scheduled"
+    assert client.delete(f"{PATH}/north-3", headers=NORTH).json()["state"] == "cancelled"
+
+
+def test_a_batch_item_naming_another_workspace_is_refused_alone(two: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = two
+    answer = client.post(BATCHES_PATH, headers=NORTH, json={"notifications": [
+        valid_request("north-b1"), valid_request("north-b2", workspace="default")]})
+    assert [(r["outcome"], r.get("field")) for r in answer.json()["results"]] == [("accepted", None),
+                                                                                   ("refused", "workspace")]
+
+
+def test_opt_outs_are_each_workspace_s_own(two: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = two
+    recipient = {"recipient": {"phone_number": "+15550390001"}}
+    assert client.post("/v1/recipients/suppress", json=recipient, headers=NORTH).json() == {"added": 1}
+    assert client.post("/v1/recipients/check", json={**recipient, "channel": "sms"}, headers=NORTH).json() == {
+        "suppressed": True}
+    assert client.post("/v1/recipients/check", json={**recipient, "channel": "sms"}, headers=AUTH).json() == {
+        "suppressed": False}
+
+
+@pytest.mark.parametrize(("workspace", "key"), [
+    ({"api_url": "http://elsewhere:3000", "account_id": 7, "api_token": "t" * 20}, "workspaces.north.api_url"),
+    ({"api_url": "http://127.0.0.1:9", "account_id": 1, "api_token": "t" * 20}, "workspaces.north.account_id"),
+])
+def test_workspaces_are_accounts_of_one_instance(workspace: dict[str, object], key: str,
+                                                 clean_environment: pytest.MonkeyPatch) -> None:
+    from dispatcher.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as refused:
+        example_settings(api_url="http://127.0.0.1:9", workspaces={"north": workspace})
+    assert key in str(refused.value) and "t" * 20 not in str(refused.value)
+
+
+def test_the_example_in_the_docs_works_as_written(clean_environment: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    from tests.conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "workspaces.md").read_text()
+    settings = example_settings(api_url="http://127.0.0.1:3000", **tomllib.loads(text.split("```toml\n")[1].split("```")[0]))
+    north = settings.for_workspace("north")
+    assert (north.account_id, list(north.routes), north.workspace_name) == (2, ["portal"], "north")
+    assert list(settings.intake_tokens()) == ["north"]
