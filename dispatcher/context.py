@@ -123,7 +123,9 @@ def make_limiter(settings: Settings) -> Limiter:
         return LocalLimiter(limits_of(settings))
     import redis
 
-    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=_prefix("dispatcher:rl:", settings))
+    # Per account, as before: each workspace is an account, with its own buckets (docs/workspaces.md:
+    # api_requests_per_minute is each workspace's; their sum must stay under the instance's limit).
+    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{settings.account_id}:")
 
 
 def make_breaker(settings: Settings) -> Breaker:

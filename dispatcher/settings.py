@@ -450,6 +450,10 @@ class Settings(BaseSettings):
                 # numbers its own from 1, and the store keys webhooks and read-backs by them.
                 raise ValueError(f"workspaces.{name}.api_url: the workspaces are accounts of one instance "
                                  "(the same api_url); workspaces on separate instances are not supported yet")
+            if workspace.intake_token is not None and sum(
+                    token.get_secret_value() == workspace.intake_token.get_secret_value()
+                    for token in self.intake_tokens().values()) > 1:
+                raise ValueError(f"workspaces.{name}.intake_token: each workspace's intake token is its own")
             if workspace.account_id == self.account_id or sum(
                     other.account_id == workspace.account_id for other in self.workspaces.values()) > 1:
                 raise ValueError(f"workspaces.{name}.account_id: each workspace is an account of its own")
@@ -482,7 +486,9 @@ class Settings(BaseSettings):
         if name == DEFAULT_WORKSPACE:
             return self
         workspace = self.workspaces[name]
-        update: dict[str, Any] = {"workspaces": {}, "api_url": workspace.api_url,
+        # One key for every keyed hash kept at rest (spent event IDs, contact keys), whichever
+        # workspace wrote it: the top level's, even where a workspace's own token would differ.
+        update: dict[str, Any] = {"workspaces": {}, "hash_key": self.hash_key or self.api_token, "api_url": workspace.api_url,
                                   "account_id": workspace.account_id, "api_token": workspace.api_token,
                                   "webhook_secrets": workspace.webhook_secrets, "intake_token": workspace.intake_token}
         for key in ("routes", "api_requests_per_minute", "contact_searches_per_minute", "callback_url", "callback_secrets"):

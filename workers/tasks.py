@@ -88,7 +88,11 @@ def outcome(self: Task, delivery_row_id: int) -> str:
     A limiter wait is retried after the wait; every run counts a try on the delivery, which is
     set aside past ``delivery_max_tries``, so this cannot loop forever."""
     try:
-        context = runtime.send_context(runtime.workspace_of("webhook_deliveries", int(delivery_row_id)))
+        workspace = runtime.workspace_of("webhook_deliveries", int(delivery_row_id))
+        if not runtime.serves(workspace):
+            log.error("webhook delivery %s: its workspace is not configured; not applied", delivery_row_id)
+            return "skipped"
+        context = runtime.send_context(workspace)
         return process_delivery(int(delivery_row_id), context, runtime.enqueuer())
     except Wait as wait:
         raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None

@@ -95,7 +95,8 @@ def _check_volume(session: Session, request: NotificationRequest, settings: Sett
     # Count and insert must be one step for concurrent intakes, or each counts the others' rows
     # too late (14-18 of 50 concurrent requests got through a cap of 10 on PostgreSQL).
     store.serialize_route_intake(session, request.route)
-    recent = store.count_recent_on_route(session, request.route, since=now - timedelta(minutes=1))
+    recent = store.count_recent_on_route(session, request.route, since=now - timedelta(minutes=1),
+                                         workspace=settings.workspace_name)
     if recent >= route.max_per_minute:
         raise InvalidEvent(
             "route", f"route {request.route!r} is low volume: at most {route.max_per_minute} notifications a minute"

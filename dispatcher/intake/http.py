@@ -171,13 +171,16 @@ def create_intake_routes(
         return reached
 
     def scoped(data: Any, workspace: str) -> Any:
-        """A request of the token's workspace: one naming no workspace takes it; one naming another is refused."""
-        if isinstance(data, dict):
-            named = data.get("workspace")
-            if named is None:
-                return data if workspace == DEFAULT_WORKSPACE else {**data, "workspace": workspace}
-            if named != workspace:
-                raise _Refusal(403, "forbidden", "workspace", "the bearer token is not this workspace's")
+        """A request of the token's workspace: one naming no workspace takes it; one naming another
+        is refused; anything but a JSON object is refused before (a JSON string holding a request
+        would otherwise name no workspace and land in the default one)."""
+        if not isinstance(data, dict):
+            raise InvalidEvent("body", "must be a JSON object")
+        named = data.get("workspace")
+        if named is None:
+            return data if workspace == DEFAULT_WORKSPACE else {**data, "workspace": workspace}
+        if named != workspace:
+            raise _Refusal(403, "forbidden", "workspace", "the bearer token is not this workspace's")
         return data
 
     async def notifications(request: Request) -> Response:
@@ -416,7 +419,7 @@ def _scoped_item(item: Any, workspace: str) -> Any:
     its name and gets a workspace of its own that no configuration has, so it alone is refused,
     naming ``workspace``, without its request telling anything about the other workspace."""
     if not isinstance(item, dict):
-        return item
+        return None  # refused alone, naming the body: only a JSON object is a request here
     named = item.get("workspace")
     if named is None:
         return item if workspace == DEFAULT_WORKSPACE else {**item, "workspace": workspace}

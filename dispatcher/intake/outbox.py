@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from dispatcher.intake.accept import stage
+from dispatcher.intake.accept import stage, workspace_settings
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.models import utcnow
@@ -20,5 +20,7 @@ from dispatcher.store.models import utcnow
 
 def add(session: Session, request: NotificationRequest | dict[str, Any], *, settings: Settings | None = None) -> int:
     """Stage the notification in the host's transaction; return its id. Validates like notify()."""
-    notification, _new = stage(session, parse_request(request), settings or load_settings(), now=utcnow())
+    parsed = parse_request(request)
+    notification, _new = stage(session, parsed, workspace_settings(settings or load_settings(), parsed.workspace),
+                               now=utcnow())
     return notification.id

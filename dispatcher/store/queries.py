@@ -169,9 +169,9 @@ def serialize_route_intake(session: Session, route: str) -> None:
         session.execute(select(func.pg_advisory_xact_lock(lock_id)))
 
 
-def count_recent_on_route(session: Session, route: str, *, since: datetime) -> int:
+def count_recent_on_route(session: Session, route: str, *, since: datetime, workspace: str = "default") -> int:
     query = select(func.count()).select_from(Notification).where(
-        Notification.route == route, Notification.created_at >= since
+        Notification.route == route, Notification.created_at >= since, Notification.workspace == workspace
     )
     return int(session.scalar(query) or 0)
 

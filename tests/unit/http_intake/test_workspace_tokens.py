@@ -43,6 +43,12 @@ def test_a_token_creates_in_its_own_workspace_only(two: tuple[TestClient, Dispat
     assert (also_foreign.status_code, also_foreign.json()["field"]) == (403, "workspace")
     unknown = client.post(PATH, json=valid_request("x-1", workspace="south"), headers=NORTH)
     assert unknown.status_code == 403
+    import json
+
+    smuggled = client.post(PATH, json=json.dumps(valid_request("north-9")), headers=NORTH)  # a JSON string of a request
+    assert (smuggled.status_code, smuggled.json()["field"]) == (422, "body")
+    batch = client.post(BATCHES_PATH, json={"notifications": [json.dumps(valid_request("north-10"))]}, headers=NORTH)
+    assert batch.json()["results"][0]["outcome"] == "refused"
     with pytest.raises(Exception, match="workspace"):  # in Python, a workspace nobody configured is named
         dispatcher.notify(valid_request("x-2", workspace="south"))
 
@@ -104,3 +110,25 @@ def test_the_example_in_the_docs_works_as_written(clean_environment: pytest.Monk
     north = settings.for_workspace("north")
     assert (north.account_id, list(north.routes), north.workspace_name) == (2, ["portal"], "north")
     assert list(settings.intake_tokens()) == ["north"]
+
+
+def test_each_intake_token_is_one_workspace_s(clean_environment: pytest.MonkeyPatch) -> None:
+    from dispatcher.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="intake_token"):
+        example_settings(api_url="http://127.0.0.1:9", intake_token=NORTH_TOKEN, workspaces={"north": {
+            "api_url": "http://127.0.0.1:9", "account_id": 7, "api_token": "t" * 20, "intake_token": NORTH_TOKEN}})
+
+
+def test_the_outbox_and_the_keyed_hashes_follow_the_workspace(two: tuple[TestClient, Dispatcher]) -> None:
+    from dispatcher.intake import outbox
+    from dispatcher.store import queries as store
+
+    _, dispatcher = two
+    with dispatcher.sessions.begin() as session:
+        outbox.add(session, valid_request("north-outbox", workspace="north"), settings=dispatcher.settings)
+    with dispatcher.sessions() as session:
+        row = store.find_notification_by_event(session, "north-outbox")
+        assert row is not None and row.workspace == "north"
+    # a purged event stays spent whichever workspace hands it over again: one key for every hash at rest
+    assert dispatcher.settings.for_workspace("north").hashing_key == dispatcher.settings.hashing_key
