@@ -26,7 +26,7 @@ from dispatcher.queues import (
     TRACKING_SWEEP_TASK,
 )
 from dispatcher.sending.next_run import schedule_next_run
-from dispatcher.sending.send import Outcome, send_notification
+from dispatcher.sending.send import Outcome, send_notification, set_aside_unconfigured
 from dispatcher.tracking.outcomes import read_back_message
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from workers import runtime
@@ -54,8 +54,7 @@ def send(self: Task, notification_id: int) -> str:
     """Send one notification's current attempt (at least once; at most one message)."""
     workspace = runtime.workspace_of("notifications", int(notification_id))
     if not runtime.serves(workspace):  # its workspace left the configuration: nothing goes out elsewhere
-        log.error("notification %s: its workspace is not configured; not sent", notification_id)
-        return "skipped"
+        return set_aside_unconfigured(int(notification_id), workspace, runtime.send_context()).outcome.value
     context = runtime.send_context(workspace)
     try:
         result = send_notification(int(notification_id), context)

@@ -343,14 +343,21 @@ def end_run(session: Session, *, attempt_id: int) -> bool:
 CRASH_LOOP = "crash_loop"  # the error_kind of a notification set aside because its send task keeps dying
 
 
-def set_aside(session: Session, *, notification_id: int, detail: str, now: datetime) -> bool:
-    """The send task died too often on the current attempt: keep the notification as it is (its
-    attempt may be in flight; nothing is failed, nothing falls back), marked ``crash_loop`` with why,
-    so the sweep leaves it until an operator retries it (:func:`retry_set_aside`)."""
+WORKSPACE_UNCONFIGURED = "workspace_unconfigured"  # its workspace left the configuration: nothing to send it with
+SET_ASIDE_KINDS = frozenset({CRASH_LOOP, WORKSPACE_UNCONFIGURED})  # the sweep leaves these until an operator retries
+
+
+def set_aside(session: Session, *, notification_id: int, detail: str, now: datetime,
+              error_kind: str = CRASH_LOOP) -> bool:
+    """The send task died too often on the current attempt (``crash_loop``), or the notification's
+    workspace is no longer configured: keep the notification as it is (its attempt may be in
+    flight; nothing is failed, nothing falls back), marked with why, so the sweep leaves it until
+    an operator retries it (:func:`retry_set_aside`)."""
+    assert error_kind in SET_ASIDE_KINDS
     return _won(session.execute(
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("set_aside", "notification")))
-        .values(error_kind=CRASH_LOOP, error_detail=_detail(detail), next_try_at=None, updated_at=now)
+        .values(error_kind=error_kind, error_detail=_detail(detail), next_try_at=None, updated_at=now)
     ))
 
 
@@ -359,7 +366,7 @@ def retry_set_aside(session: Session, *, notification_id: int, now: datetime) ->
     the sweep publishes it again (``enqueued_at`` cleared). False when it was not set aside."""
     moved = session.execute(
         update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.error_kind == CRASH_LOOP,
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.error_kind.in_(sorted(SET_ASIDE_KINDS)),
                NOTIFICATIONS.c.state.in_(_kept("retry_set_aside", "notification")))
         .values(error_kind=None, error_detail=None, enqueued_at=None, next_try_at=None, updated_at=now)
         .returning(NOTIFICATIONS.c.current_attempt)
@@ -531,12 +538,8 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
     ).scalar_one_or_none()
     if number is not None and decision.fall_back:
         assert decision.fallback_route is not None and decision.fallback_channel is not None
-        _insert_ignoring_conflict(session, {
-            "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.FALLBACK,
-            "route": decision.fallback_route, "channel": decision.fallback_channel,
-            "state": _ends_in(move, "attempt", AttemptState.QUEUED), "tries": 0,
-            "created_at": now, "updated_at": now,
-        })
+        _new_attempt(session, move, notification_id=notification_id, number=number, purpose=AttemptPurpose.FALLBACK,
+                     route=decision.fallback_route, channel=decision.fallback_channel, now=now)
     if number is not None:  # after the fallback's attempt exists: the event names it and its channel
         announce(session, notification_id, now=now)
     return number is not None
@@ -558,11 +561,8 @@ def resend_as_template(session: Session, *, notification_id: int, failed_number:
     ).scalar_one_or_none()
     if number is None:
         return False
-    _insert_ignoring_conflict(session, {
-        "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.TEMPLATE, "route": route,
-        "channel": channel, "state": _ends_in("resend_as_template", "attempt", AttemptState.QUEUED), "tries": 0,
-        "created_at": now, "updated_at": now,
-    })
+    _new_attempt(session, "resend_as_template", notification_id=notification_id, number=number,
+                 purpose=AttemptPurpose.TEMPLATE, route=route, channel=channel, now=now)
     return True
 
 
@@ -629,16 +629,18 @@ def retry_failed(session: Session, *, notification_id: int, route: str, channel:
     ).scalar_one_or_none()
     if number is None:
         return False
-    _insert_ignoring_conflict(session, {
-        "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.RETRY, "route": route,
-        "channel": channel, "state": _ends_in("retry_failed", "attempt", AttemptState.QUEUED), "tries": 0,
-        "created_at": now, "updated_at": now,
-    })
+    _new_attempt(session, "retry_failed", notification_id=notification_id, number=number,
+                 purpose=AttemptPurpose.RETRY, route=route, channel=channel, now=now)
     return True
 
 
-def _insert_ignoring_conflict(session: Session, values: dict[str, Any]) -> None:
-    dialect_insert = insert_for(session)
-    session.execute(dialect_insert(ATTEMPTS).values(**values).on_conflict_do_nothing())
+def _new_attempt(session: Session, move: str, *, notification_id: int, number: int, purpose: AttemptPurpose,
+                 route: str, channel: str, now: datetime) -> None:
+    """The attempt a decision, a template resend or a retry makes (queued; kept when a repeat of the
+    move finds it made)."""
+    session.execute(insert_for(session)(ATTEMPTS).values(
+        notification_id=notification_id, number=number, purpose=purpose, route=route, channel=channel,
+        state=_ends_in(move, "attempt", AttemptState.QUEUED), tries=0, created_at=now, updated_at=now,
+    ).on_conflict_do_nothing())
 
 

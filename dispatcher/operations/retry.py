@@ -41,7 +41,7 @@ def retry(sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueue
         if notification is None:
             raise UnknownNotification(event_id)
         state, error_kind, of_workspace = notification.state, notification.error_kind, notification.workspace
-    if state != NotificationState.FAILED and error_kind == moves.CRASH_LOOP:
+    if state != NotificationState.FAILED and error_kind in moves.SET_ASIDE_KINDS:
         return set_aside.retry(sessions, event_id)
     if state != NotificationState.FAILED:
         raise StateConflict(f"notification {event_id!r} is {state}; only a failed one, or one set aside "

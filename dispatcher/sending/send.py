@@ -349,6 +349,18 @@ def _set_aside(session: Session, notification_id: int, number: int, died: int, *
     return SendResult(Outcome.SET_ASIDE, f"{moves.CRASH_LOOP}: {detail}")
 
 
+def set_aside_unconfigured(notification_id: int, workspace: str, ctx: SendContext) -> SendResult:
+    """The notification's workspace is no longer configured: nothing may be sent through another.
+    Set it aside, saying so, so that the sweep stops handing it over (it would forever), until the
+    workspace is configured again and an operator runs ``dispatcher retry``."""
+    detail = f"its workspace {workspace!r} is not configured; set aside until it is and `dispatcher retry`"
+    with ctx.sessions.begin() as session:
+        moves.set_aside(session, notification_id=notification_id, detail=detail, now=ctx.clock(),
+                        error_kind=moves.WORKSPACE_UNCONFIGURED)
+    log.error("notification %s set aside: %s", notification_id, moves.WORKSPACE_UNCONFIGURED)
+    return SendResult(Outcome.SET_ASIDE, f"{moves.WORKSPACE_UNCONFIGURED}: {detail}")
+
+
 def _payload_of(stored: dict[str, Any] | None) -> tuple[SendPayload | None, bool]:
     """The stored payload as its record; and whether one was stored but cannot be read (written
     by another version, or damaged): retrying cannot make it readable."""

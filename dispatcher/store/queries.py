@@ -218,7 +218,7 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
                 (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
                 (Notification.state.in_(SENDABLE_NOTIFICATION_STATES))
                 # set aside (its send task kept dying): an operator's retry publishes it again
-                & or_(Notification.error_kind.is_(None), Notification.error_kind != moves.CRASH_LOOP)
+                & or_(Notification.error_kind.is_(None), Notification.error_kind.not_in(sorted(moves.SET_ASIDE_KINDS)))
                 & or_(
                     Notification.enqueued_at.is_(None),
                     (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
