@@ -25,6 +25,7 @@ from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.policy.routes import find_route_inbox
 from dispatcher.settings import DEFAULT_WORKSPACE, Route, Settings
+from dispatcher.store.account import TOP_LEVEL_INSTANCE
 from dispatcher.store.models import utcnow
 
 ACCOUNT_BUCKET = "account"
@@ -125,7 +126,9 @@ def make_limiter(settings: Settings) -> Limiter:
 
     # Per account, as before: each workspace is an account, with its own buckets (docs/workspaces.md:
     # api_requests_per_minute is each workspace's; their sum must stay under the instance's limit).
-    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{settings.account_id}:")
+    account = settings.account
+    scope = f"{account.id}" if account.instance == TOP_LEVEL_INSTANCE else f"{account.instance}:{account.id}"
+    return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{scope}:")
 
 
 def make_breaker(settings: Settings) -> Breaker:

@@ -87,10 +87,13 @@ class Dispatcher:
         return host_retry.retry(self.sessions, self.settings, self.enqueuer, event_id, parsed, workspace=workspace)
 
     def recipients_for(self, workspace: str) -> Recipients:
-        """The opt-out and consent controls of one workspace (its account's records)."""
-        if workspace not in self.settings.workspaces:
+        """The opt-out and consent controls of one workspace (its account's records); InvalidEvent
+        naming ``workspace`` for a name the configuration does not have (an opt-out must never land
+        in another account's records)."""
+        chosen = intake.workspace_settings(self.settings, workspace)
+        if chosen is self.settings:
             return self.recipients
-        return Recipients(self.sessions, self.settings.for_workspace(workspace))
+        return Recipients(self.sessions, chosen)
 
     def suppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
                  category: str | None = None) -> int:

@@ -39,6 +39,7 @@ from pydantic_settings import (
 
 from dispatcher.errors import ConfigurationError
 from dispatcher.queues import COUNTDOWN_MARGIN_S, DEFAULT_VISIBILITY_TIMEOUT_S, has_visibility_timeout
+from dispatcher.store.account import TOP_LEVEL_INSTANCE, Account
 
 ENV_PREFIX = "DISPATCHER_"
 SEND_LEASE_MARGIN_S = 5.0  # past the HTTP budget: the commit that records createMessage's answer
@@ -73,6 +74,33 @@ def _checked_callback_url(value: Any) -> Any:
     if not isinstance(value, str) or not re.match(r"^https?://[^/\s?#]+(/[^\s]*)?$", value):
         raise ValueError("must be an http:// or https:// URL")
     return value
+
+
+def _checked_base_url(value: str) -> str:
+    value = value.strip().rstrip("/")
+    if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
+        raise ValueError("must be an http(s) base URL without query or fragment")
+    if value.endswith("/api/v1") or "/api/v1/" in value:
+        raise ValueError("give the base URL without /api/v1; the client adds the API path")
+    return value
+
+
+def _instance_url(api_url: str) -> str:
+    """The instance an API URL reaches, as a key: scheme and host are case-blind."""
+    scheme, _, rest = api_url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme.lower()}://{host.lower()}{slash}{path}".rstrip("/")
+
+
+def _check_routes(routes: dict[str, Route], where: str) -> None:
+    for name, route in routes.items():
+        if not _NAME.match(name):
+            raise ValueError(f"{where}.{name}: a route name is lower-case letters, digits, _ . -")
+        if route.fallback is not None:
+            if route.fallback == name:
+                raise ValueError(f"{where}.{name}.fallback: a route cannot fall back to itself")
+            if route.fallback not in routes:
+                raise ValueError(f"{where}.{name}.fallback: no route named {route.fallback!r}")
 
 
 def _checked_zone(name: str) -> str:
@@ -203,6 +231,11 @@ class Workspace(BaseModel):
             raise ValueError("must be at least 16 characters")
         return value
 
+    @field_validator("api_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return _checked_base_url(value)
+
 
 class Settings(BaseSettings):
     """Everything the dispatcher reads from its environment. Secrets are ``SecretStr``."""
@@ -223,6 +256,8 @@ class Settings(BaseSettings):
     workspaces: dict[str, Workspace] = Field(default_factory=dict)
     # Which workspace these settings are: set by for_workspace, never read from the environment.
     _workspace: str = PrivateAttr(default=DEFAULT_WORKSPACE)
+    # Whose instance its account is, for keys at rest (dispatcher.store.account): set by for_workspace.
+    _instance: str = PrivateAttr(default=TOP_LEVEL_INSTANCE)
 
     # Storage and queues.
     # Hidden from repr: a URL may carry a password.
@@ -351,12 +386,7 @@ class Settings(BaseSettings):
     @field_validator("api_url")
     @classmethod
     def _base_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", value):
-            raise ValueError("must be an http(s) base URL without query or fragment")
-        if value.endswith("/api/v1") or "/api/v1/" in value:
-            raise ValueError("give the base URL without /api/v1; the client adds the API path")
-        return value
+        return _checked_base_url(value)
 
     @field_validator("api_token")
     @classmethod
@@ -423,14 +453,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _routes_and_templates_agree(self) -> Settings:
-        for name, route in self.routes.items():
-            if not _NAME.match(name):
-                raise ValueError(f"routes.{name}: a route name is lower-case letters, digits, _ . -")
-            if route.fallback is not None:
-                if route.fallback == name:
-                    raise ValueError(f"routes.{name}.fallback: a route cannot fall back to itself")
-                if route.fallback not in self.routes:
-                    raise ValueError(f"routes.{name}.fallback: no route named {route.fallback!r}")
+        _check_routes(self.routes, "routes")
         if has_visibility_timeout(self.broker_url) and (
                 self.retry_max_countdown_s + COUNTDOWN_MARGIN_S > self.broker_visibility_timeout_s):
             # A countdown that outlives the visibility timeout is delivered to a second worker
@@ -445,18 +468,17 @@ class Settings(BaseSettings):
             if name == DEFAULT_WORKSPACE or not WORKSPACE_NAME.match(name):
                 raise ValueError(f"workspaces.{name}: a workspace name is lower-case letters, digits, _ and -, "
                                  f"and not {DEFAULT_WORKSPACE!r} (the top-level settings are that one)")
-            if workspace.api_url.rstrip("/") != self.api_url.rstrip("/"):
-                # Message IDs are one instance's, unique across its accounts; another instance
-                # numbers its own from 1, and the store keys webhooks and read-backs by them.
-                raise ValueError(f"workspaces.{name}.api_url: the workspaces are accounts of one instance "
-                                 "(the same api_url); workspaces on separate instances are not supported yet")
+            if workspace.routes is not None:  # a fallback names a route of the workspace's own
+                _check_routes(workspace.routes, f"workspaces.{name}.routes")
             if workspace.intake_token is not None and sum(
                     token.get_secret_value() == workspace.intake_token.get_secret_value()
                     for token in self.intake_tokens().values()) > 1:
                 raise ValueError(f"workspaces.{name}.intake_token: each workspace's intake token is its own")
-            if workspace.account_id == self.account_id or sum(
-                    other.account_id == workspace.account_id for other in self.workspaces.values()) > 1:
-                raise ValueError(f"workspaces.{name}.account_id: each workspace is an account of its own")
+            accounts = [(_instance_url(self.api_url), self.account_id),
+                        *((_instance_url(other.api_url), other.account_id) for other in self.workspaces.values())]
+            if accounts.count((_instance_url(workspace.api_url), workspace.account_id)) > 1:
+                raise ValueError(f"workspaces.{name}.account_id: each workspace is an account of its own "
+                                 "(another workspace has this account on this api_url)")
         overlap = set(self.fallback_codes) & set(self.no_fallback_codes)
         if overlap:
             raise ValueError(f"fallback_codes: {sorted(overlap)} also listed in no_fallback_codes")
@@ -496,7 +518,16 @@ class Settings(BaseSettings):
                 update[key] = getattr(workspace, key)
         chosen = self.model_copy(update=update)
         chosen._workspace = name
+        # Accounts of the top-level instance are told apart by their IDs; a workspace on an
+        # instance of its own keys its rows by its name as well (its IDs start at 1 again).
+        same_instance = _instance_url(workspace.api_url) == _instance_url(self.api_url)
+        chosen._instance = TOP_LEVEL_INSTANCE if same_instance else name
         return chosen
+
+    @property
+    def account(self) -> Account:
+        """This workspace's account, as the store keys contacts, conversations and opt-outs."""
+        return Account(self._instance, self.account_id)
 
     @property
     def workspace_name(self) -> str:

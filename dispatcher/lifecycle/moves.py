@@ -132,7 +132,8 @@ def open_attempt(session: Session, *, notification_id: int, number: int, route: 
     dialect_insert = insert_for(session)
     statement = (
         dialect_insert(ATTEMPTS)
-        .values(notification_id=notification_id, number=number, route=route, channel=channel,
+        .values(notification_id=notification_id, workspace=_workspace_of(notification_id), number=number,
+                route=route, channel=channel,
                 state=_ends_in("open_attempt", "attempt", AttemptState.QUEUED), tries=0, runs=1, created_at=now,
                 updated_at=now)
         .on_conflict_do_update(
@@ -192,8 +193,8 @@ def cancel(session: Session, *, notification_id: int, number: int, route: str, c
               "error_detail": _detail(detail), "lease_until": None, "status_at": now, "updated_at": now}
     taken = session.execute(
         insert_for(session)(ATTEMPTS)
-        .values(notification_id=notification_id, number=number, route=route, channel=channel, tries=0, runs=0,
-                created_at=now, **failed)
+        .values(notification_id=notification_id, workspace=_workspace_of(notification_id), number=number,
+                route=route, channel=channel, tries=0, runs=0, created_at=now, **failed)
         .on_conflict_do_update(index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number], set_=failed,
                                where=ATTEMPTS.c.state.in_(_starts_for("cancel", "attempt", AttemptState.FAILED)))
         .returning(ATTEMPTS.c.id)
@@ -639,8 +640,12 @@ def _new_attempt(session: Session, move: str, *, notification_id: int, number: i
     """The attempt a decision, a template resend or a retry makes (queued; kept when a repeat of the
     move finds it made)."""
     session.execute(insert_for(session)(ATTEMPTS).values(
-        notification_id=notification_id, number=number, purpose=purpose, route=route, channel=channel,
+        notification_id=notification_id, workspace=_workspace_of(notification_id), number=number, purpose=purpose,
+        route=route, channel=channel,
         state=_ends_in(move, "attempt", AttemptState.QUEUED), tries=0, created_at=now, updated_at=now,
     ).on_conflict_do_nothing())
 
 
+def _workspace_of(notification_id: int) -> Any:
+    """The notification's workspace, for its attempt's row: a subquery of the insert itself."""
+    return select(NOTIFICATIONS.c.workspace).where(NOTIFICATIONS.c.id == notification_id).scalar_subquery()

@@ -24,6 +24,7 @@ from dispatcher.recipients.keys import recipient_keys
 from dispatcher.recipients.suppressions import ALL, Reason, Scope, SuppressionRecord
 from dispatcher.settings import ChannelKind, Settings
 from dispatcher.store import queries as store
+from dispatcher.store.account import Account
 from dispatcher.store.db import insert_for
 from dispatcher.store.models import utcnow
 
@@ -99,7 +100,7 @@ class Recipients:
         """Opt the recipient out (every channel and category unless narrowed); how many keys were new."""
         keys, scope = self._keys(recipient), scope_of(channel, category)
         with self.sessions.begin() as session:
-            return suppressions.suppress(session, account_id=self.settings.account_id, keys=keys, scope=scope,
+            return suppressions.suppress(session, account=self.settings.account, keys=keys, scope=scope,
                                          reason=Reason.HOST, now=utcnow())
 
     def unsuppress(self, recipient: Recipient | dict[str, Any], *, channel: str | None = None,
@@ -107,7 +108,7 @@ class Recipients:
         """Lift the opt-out recorded in exactly this scope (whoever recorded it); how many were lifted."""
         keys, scope = self._keys(recipient), scope_of(channel, category)
         with self.sessions.begin() as session:
-            return suppressions.lift(session, account_id=self.settings.account_id, keys=keys, scope=scope,
+            return suppressions.lift(session, account=self.settings.account, keys=keys, scope=scope,
                                      reason=Reason.HOST, now=utcnow())
 
     def is_suppressed(self, recipient: Recipient | dict[str, Any], *, channel: str, category: str = "service") -> bool:
@@ -117,7 +118,7 @@ class Recipients:
             raise InvalidEvent("channel" if scope.channel == ALL else "category",
                                "name the one a notification would have (a send has one channel and one category)")
         with self.sessions() as session:
-            blocked = suppressions.blocking_reason(session, account_id=self.settings.account_id, keys=keys,
+            blocked = suppressions.blocking_reason(session, account=self.settings.account, keys=keys,
                                                    channel=scope.channel, category=scope.category, needs_consent=False)
         return blocked is not None
 
@@ -129,7 +130,7 @@ class Recipients:
             raise InvalidEvent("reference", "give your consent record's reference (1 to 200 characters)")
         with self.sessions.begin() as session:
             return suppressions.record_consent(
-                session, account_id=self.settings.account_id, keys=keys, channel=scope.channel,
+                session, account=self.settings.account, keys=keys, channel=scope.channel,
                 reference=store.event_key(reference.strip(), key=self.settings.hashing_key), now=utcnow())
 
     def withdraw_consent(self, recipient: Recipient | dict[str, Any], *,
@@ -137,7 +138,7 @@ class Recipients:
         """Withdrawing consent is an opt-out: waiting notifications on that channel end ``no_consent``."""
         keys, scope = self._keys(recipient), scope_of(channel, None)
         with self.sessions.begin() as session:
-            return suppressions.withdraw_consent(session, account_id=self.settings.account_id, keys=keys,
+            return suppressions.withdraw_consent(session, account=self.settings.account, keys=keys,
                                                  channel=scope.channel, now=utcnow())
 
     def list(self, recipient: Recipient | dict[str, Any] | None = None, *, limit: int = 100,
@@ -145,7 +146,7 @@ class Recipients:
         """Active suppressions (hashes, scopes, reasons, times), of one recipient when given."""
         keys = self._keys(recipient) if recipient is not None else None
         with self.sessions() as session:
-            return suppressions.active(session, account_id=self.settings.account_id, keys=keys, limit=limit,
+            return suppressions.active(session, account=self.settings.account, keys=keys, limit=limit,
                                        after=after)
 
     def import_rows(self, rows: Iterable[dict[str, str]]) -> ImportReport:
@@ -165,7 +166,7 @@ class Recipients:
             entries.extend((key, scope.channel, scope.category) for key in recipient.keys(key=self.settings.hashing_key))
         now = utcnow()
         with self.sessions.begin() as session:
-            added = sum(_suppress_chunk(session, self.settings.account_id, chunk, now) for chunk in _chunks(entries))
+            added = sum(_suppress_chunk(session, self.settings.account, chunk, now) for chunk in _chunks(entries))
         return ImportReport(rows=count, added=added)
 
     def import_csv(self, path: str) -> ImportReport:
@@ -186,12 +187,12 @@ def _chunks(entries: list[tuple[str, str, str]]) -> Iterator[list[tuple[str, str
         yield unique[start:start + IMPORT_CHUNK]
 
 
-def _suppress_chunk(session: Session, account_id: int, chunk: list[tuple[str, str, str]], now: datetime) -> int:
+def _suppress_chunk(session: Session, account: Account, chunk: list[tuple[str, str, str]], now: datetime) -> int:
     """Insert the suppressions of a chunk, skipping those already there, and audit the new ones:
     ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` answers exactly the rows it added, in batched
     statements, so 100,000 entries take seconds, not minutes."""
     table = suppressions.SUPPRESSIONS
-    rows = [{"account_id": account_id, "recipient_key": key, "channel": channel, "category": category,
+    rows = [{**account.columns, "recipient_key": key, "channel": channel, "category": category,
              "reason": Reason.HOST.value, "since": now} for key, channel, category in chunk]
     new = session.execute(
         insert_for(session)(table).on_conflict_do_nothing()
@@ -199,6 +200,6 @@ def _suppress_chunk(session: Session, account_id: int, chunk: list[tuple[str, st
     ).all()
     if new:
         session.execute(suppressions.CHANGES.insert(), [
-            {"account_id": account_id, "recipient_key": key, "channel": channel, "category": category,
+            {**account.columns, "recipient_key": key, "channel": channel, "category": category,
              "action": "suppressed", "reason": Reason.HOST.value, "at": now} for key, channel, category in new])
     return len(new)

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import delete, exists, false, or_, select, true, tuple_
 from sqlalchemy.orm import Session
 
+from dispatcher.store.account import Account, of_account
 from dispatcher.store.db import insert_for
 from dispatcher.store.models import Consent, KnownContact, Suppression, SuppressionChange, table_of
 
@@ -66,7 +67,7 @@ class SuppressionRecord:
     since: datetime
 
 
-def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: Scope, reason: Reason,
+def suppress(session: Session, *, account: Account, keys: Sequence[str], scope: Scope, reason: Reason,
              now: datetime) -> int:
     """Record the opt-out for each key; answer how many keys were not suppressed in that scope yet.
 
@@ -75,11 +76,11 @@ def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: S
     added = 0
     for key in keys:
         statement = insert_for(session)(SUPPRESSIONS).values(
-            account_id=account_id, recipient_key=key, channel=scope.channel, category=scope.category,
+            **account.columns, recipient_key=key, channel=scope.channel, category=scope.category,
             reason=reason.value, since=now)
         if reason is Reason.HOST:
             statement = statement.on_conflict_do_update(
-                index_elements=[SUPPRESSIONS.c.account_id, SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel,
+                index_elements=[SUPPRESSIONS.c.instance, SUPPRESSIONS.c.account_id, SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel,
                                 SUPPRESSIONS.c.category],
                 set_={"reason": reason.value}, where=SUPPRESSIONS.c.reason != reason.value)
         else:
@@ -88,123 +89,123 @@ def suppress(session: Session, *, account_id: int, keys: Sequence[str], scope: S
         inserted = session.execute(statement.returning(SUPPRESSIONS.c.recipient_key)).first()
         if inserted is not None:
             added += 1
-            _audit(session, account_id, key, scope, "suppressed", reason, now)
+            _audit(session, account, key, scope, "suppressed", reason, now)
     return added
 
 
-def lift(session: Session, *, account_id: int, keys: Sequence[str], scope: Scope, reason: Reason, now: datetime) -> int:
+def lift(session: Session, *, account: Account, keys: Sequence[str], scope: Scope, reason: Reason, now: datetime) -> int:
     """Lift the opt-out in exactly this scope (a channel opt-in does not lift an all-channel one)."""
     lifted = 0
     for key in keys:
         removed = session.execute(
-            delete(SUPPRESSIONS).where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key == key,
+            delete(SUPPRESSIONS).where(of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key == key,
                                        SUPPRESSIONS.c.channel == scope.channel, SUPPRESSIONS.c.category == scope.category)
         )
         if _changed(removed):
             lifted += 1
-            _audit(session, account_id, key, scope, "lifted", reason, now)
+            _audit(session, account, key, scope, "lifted", reason, now)
     return lifted
 
 
-def lift_channel(session: Session, *, account_id: int, keys: Sequence[str], channel: str, reason: Reason,
+def lift_channel(session: Session, *, account: Account, keys: Sequence[str], channel: str, reason: Reason,
                  now: datetime) -> int:
     """An opt-in keyword on a channel: lift what the recipient's replies and the provider recorded
     there (every category), never what the host recorded."""
     rows = session.execute(
         select(SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.category)
-        .where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        .where(of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key.in_(keys),
                SUPPRESSIONS.c.channel == channel,
                SUPPRESSIONS.c.reason.in_([Reason.KEYWORD.value, Reason.PLATFORM.value]))
     ).all()
     for key, category in rows:
-        lift(session, account_id=account_id, keys=[key], scope=Scope(channel, category), reason=reason, now=now)
+        lift(session, account=account, keys=[key], scope=Scope(channel, category), reason=reason, now=now)
     return len(rows)
 
 
-def blocking_reason(session: Session, *, account_id: int, keys: Sequence[str], channel: str, category: str,
+def blocking_reason(session: Session, *, account: Account, keys: Sequence[str], channel: str, category: str,
                     needs_consent: bool) -> Blocked | None:
     """Whether a send to ``keys`` on ``channel`` in ``category`` must not happen, and why."""
     if not keys:
         return Blocked.NO_CONSENT if needs_consent else None
     reasons = set(session.scalars(
         select(SUPPRESSIONS.c.reason).distinct()
-        .where(SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        .where(of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key.in_(keys),
                SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
     ))
     if reasons - {Reason.CONSENT_WITHDRAWN.value}:
         return Blocked.OPTED_OUT
     if reasons:  # consent withdrawn under any of the recipient's keys: no other key's consent counts
         return Blocked.NO_CONSENT
-    if needs_consent and not has_consent(session, account_id=account_id, keys=keys, channel=channel):
+    if needs_consent and not has_consent(session, account=account, keys=keys, channel=channel):
         return Blocked.NO_CONSENT
     return None
 
 
-def refusal_clause(*, account_id: int, keys: Sequence[str], channel: str, category: str, needs_consent: bool) -> Any:
+def refusal_clause(*, account: Account, keys: Sequence[str], channel: str, category: str, needs_consent: bool) -> Any:
     """:func:`blocking_reason` as a SQL condition, for a claim's own ``WHERE``: true when the send
     must not happen. The warm path's claim carries it, so the check costs no round trip of its own
     and holds at the very statement that takes the attempt."""
     if not keys:
         return true() if needs_consent else false()
     suppressed = exists().where(
-        SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key.in_(keys),
         SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
     if not needs_consent:
         return suppressed
-    consented = exists().where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key.in_(keys),
+    consented = exists().where(of_account(CONSENTS.c, account), CONSENTS.c.recipient_key.in_(keys),
                                CONSENTS.c.channel == channel)
     return or_(suppressed, ~consented)
 
 
-def has_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str) -> bool:
+def has_consent(session: Session, *, account: Account, keys: Sequence[str], channel: str) -> bool:
     return session.execute(
         select(CONSENTS.c.channel)
-        .where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key.in_(keys), CONSENTS.c.channel == channel)
+        .where(of_account(CONSENTS.c, account), CONSENTS.c.recipient_key.in_(keys), CONSENTS.c.channel == channel)
         .limit(1)
     ).first() is not None
 
 
-def record_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str, reference: str,
+def record_consent(session: Session, *, account: Account, keys: Sequence[str], channel: str, reference: str,
                    now: datetime) -> int:
     """Record consent under each key (a newer reference replaces an older one), lifting an earlier
     withdrawal on that channel; how many keys were new."""
     session.execute(delete(SUPPRESSIONS).where(
-        SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key.in_(keys),
         SUPPRESSIONS.c.channel == channel, SUPPRESSIONS.c.reason == Reason.CONSENT_WITHDRAWN.value))
     added = 0
     for key in keys:
         statement = insert_for(session)(CONSENTS).values(
-            account_id=account_id, recipient_key=key, channel=channel, reference=reference, granted_at=now)
-        existed = has_consent(session, account_id=account_id, keys=[key], channel=channel)
+            **account.columns, recipient_key=key, channel=channel, reference=reference, granted_at=now)
+        existed = has_consent(session, account=account, keys=[key], channel=channel)
         session.execute(statement.on_conflict_do_update(
-            index_elements=[CONSENTS.c.account_id, CONSENTS.c.recipient_key, CONSENTS.c.channel],
+            index_elements=[CONSENTS.c.instance, CONSENTS.c.account_id, CONSENTS.c.recipient_key, CONSENTS.c.channel],
             set_={"reference": reference, "granted_at": now}))
         if not existed:
             added += 1
-            _audit(session, account_id, key, Scope(channel, ALL), "consented", Reason.HOST, now)
+            _audit(session, account, key, Scope(channel, ALL), "consented", Reason.HOST, now)
     return added
 
 
-def withdraw_consent(session: Session, *, account_id: int, keys: Sequence[str], channel: str, now: datetime) -> int:
+def withdraw_consent(session: Session, *, account: Account, keys: Sequence[str], channel: str, now: datetime) -> int:
     """Withdrawing consent is an opt-out: nothing more goes out on ``channel`` until consent is given
     again. Recorded as a suppression too (the audit row is its), so that consent kept under another
     of the person's keys (the phone number, when the host withdraws by its identifier) does not count."""
     withdrawn = 0
     for key in keys:
         removed = session.execute(
-            delete(CONSENTS).where(CONSENTS.c.account_id == account_id, CONSENTS.c.recipient_key == key,
+            delete(CONSENTS).where(of_account(CONSENTS.c, account), CONSENTS.c.recipient_key == key,
                                    CONSENTS.c.channel == channel))
         if _changed(removed):
             withdrawn += 1
-    suppress(session, account_id=account_id, keys=keys, scope=Scope(channel, ALL), reason=Reason.CONSENT_WITHDRAWN,
+    suppress(session, account=account, keys=keys, scope=Scope(channel, ALL), reason=Reason.CONSENT_WITHDRAWN,
              now=now)
     return withdrawn
 
 
-def active(session: Session, *, account_id: int, keys: Sequence[str] | None = None, limit: int = 1000,
+def active(session: Session, *, account: Account, keys: Sequence[str] | None = None, limit: int = 1000,
            after: tuple[str, str, str] | None = None) -> list[SuppressionRecord]:
     """Active suppressions in key order (``after``: the last row of the previous page), of ``keys`` when given."""
-    query = select(SUPPRESSIONS).where(SUPPRESSIONS.c.account_id == account_id)
+    query = select(SUPPRESSIONS).where(of_account(SUPPRESSIONS.c, account))
     if keys is not None:
         query = query.where(SUPPRESSIONS.c.recipient_key.in_(keys))
     if after is not None:
@@ -215,10 +216,10 @@ def active(session: Session, *, account_id: int, keys: Sequence[str] | None = No
     return [SuppressionRecord(row.recipient_key, row.channel, row.category, row.reason, row.since) for row in rows]
 
 
-def keys_of_workspace_contact(session: Session, *, account_id: int, contact_id: int) -> list[str]:
+def keys_of_workspace_contact(session: Session, *, account: Account, contact_id: int) -> list[str]:
     """The keys the contact cache knows a workspace contact by (for a reply or a provider's opt-out)."""
     return list(session.scalars(
-        select(KNOWN.c.identity_key).where(KNOWN.c.account_id == account_id, KNOWN.c.contact_id == contact_id)
+        select(KNOWN.c.identity_key).where(of_account(KNOWN.c, account), KNOWN.c.contact_id == contact_id)
     ))
 
 
@@ -226,6 +227,6 @@ def _changed(result: Any) -> bool:
     return bool(result.rowcount)
 
 
-def _audit(session: Session, account_id: int, key: str, scope: Scope, action: str, reason: Reason, now: datetime) -> None:
-    session.execute(CHANGES.insert().values(account_id=account_id, recipient_key=key, channel=scope.channel,
+def _audit(session: Session, account: Account, key: str, scope: Scope, action: str, reason: Reason, now: datetime) -> None:
+    session.execute(CHANGES.insert().values(**account.columns, recipient_key=key, channel=scope.channel,
                                             category=scope.category, action=action, reason=reason.value, at=now))

@@ -37,6 +37,6 @@ def find_sent_message(ctx: SendContext, *, conversation_id: int, content_hash: s
     candidates = call_api(ctx, scan)
     with ctx.sessions() as session:
         for message in sorted(candidates, key=lambda candidate: candidate.id):
-            if not store.message_adopted_elsewhere(session, message.id):
+            if not store.message_adopted_elsewhere(session, ctx.settings.workspace_name, message.id):
                 return message
     return None

@@ -32,11 +32,11 @@ def contact_keys(contact: ContactDetails, *, key: bytes) -> list[str]:
 
 def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int) -> tuple[int, str | None]:
     """The contact's id, and the source_id for ``inbox_id`` when createContact just returned it."""
-    account_id = ctx.settings.account_id
+    account = ctx.settings.account
     keys = contact_keys(contact, key=ctx.settings.hashing_key)
     with ctx.sessions() as session:
         for key in keys:
-            known = store.known_contact_id(session, account_id=account_id, key=key)
+            known = store.known_contact_id(session, account=account, key=key)
             if known is not None:
                 return known, None
     found = _search_once(ctx, contact)
@@ -69,7 +69,7 @@ def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int)
     else:
         contact_id = found
     with ctx.sessions.begin() as session:
-        store.remember_contact(session, account_id=account_id, keys=keys, contact_id=contact_id)
+        store.remember_contact(session, account=account, keys=keys, contact_id=contact_id)
     return contact_id, source_id
 
 
@@ -90,9 +90,9 @@ def _search_once(ctx: SendContext, contact: ContactDetails) -> int | None:
 
 def resolve_source_id(ctx: SendContext, *, contact_id: int, inbox_id: int, returned: str | None) -> str:
     """The stored source_id for the pair; else the one createContact returned, else the listed one."""
-    account_id = ctx.settings.account_id
+    account = ctx.settings.account
     with ctx.sessions() as session:
-        known = store.known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+        known = store.known_source_id(session, account=account, contact_id=contact_id, inbox_id=inbox_id)
     if known is not None:
         return known
     source_id = returned
@@ -103,21 +103,21 @@ def resolve_source_id(ctx: SendContext, *, contact_id: int, inbox_id: int, retur
             raise NotContactable(f"contact {contact_id} has no binding to inbox {inbox_id}")
     with ctx.sessions.begin() as session:
         return store.remember_source_id(
-            session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, source_id=source_id
+            session, account=account, contact_id=contact_id, inbox_id=inbox_id, source_id=source_id
         )
 
 
 def resolve_conversation(ctx: SendContext, *, contact_id: int, inbox_id: int, source_id: str) -> int:
     """The pair's conversation, created once: one worker claims the right, the others wait."""
-    key = {"account_id": ctx.settings.account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    account, pair = ctx.settings.account, {"contact_id": contact_id, "inbox_id": inbox_id}
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        link = store.conversation_link(session, **key)
+        link = store.conversation_link(session, account=account, **pair)
         if link is not None and link.conversation_id is not None:
             return link.conversation_id
         # The claim outlasts one createConversation call (its whole HTTP budget), no more.
         claim_s = ctx.settings.http_budget_s
-        wait_s = store.claim_conversation(session, **key, now=now, until=now + timedelta(seconds=claim_s))
+        wait_s = store.claim_conversation(session, account=account, **pair, now=now, until=now + timedelta(seconds=claim_s))
     if wait_s > 0:
         raise Wait(wait_s + ctx.rng.uniform(0.1, 0.5), "another worker is creating this conversation")
     try:
@@ -126,8 +126,8 @@ def resolve_conversation(ctx: SendContext, *, contact_id: int, inbox_id: int, so
         )
     except BaseException:
         with ctx.sessions.begin() as session:
-            store.release_conversation_claim(session, **key)
+            store.release_conversation_claim(session, account=account, **pair)
         raise
     with ctx.sessions.begin() as session:
-        store.link_conversation(session, **key, conversation_id=conversation.id)
+        store.link_conversation(session, account=account, **pair, conversation_id=conversation.id)
     return conversation.id

@@ -379,7 +379,7 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
     if inbox is None:
         return job
     contact_id, source_id, conversation_id, window = store.cached_target(
-        session, account_id=ctx.settings.account_id, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
+        session, account=ctx.settings.account, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
         inbox_id=inbox.id, now=now
     )
     if contact_id is None or source_id is None or conversation_id is None:
@@ -398,7 +398,7 @@ def _recipient_said_no(session: Session, job: _Job, ctx: SendContext, *, now: da
     """The recipient opted out of this channel and category, or the route needs consent that is
     not recorded: end the notification (no call, no fallback) in the caller's transaction, the
     one that would claim the attempt. None: the send may go on."""
-    blocked = blocking_reason(session, account_id=ctx.settings.account_id,
+    blocked = blocking_reason(session, account=ctx.settings.account,
                               keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
                               channel=job.route.channel.value, category=job.category,
                               needs_consent=needs_consent(job.route, ctx.settings))
@@ -431,7 +431,7 @@ def _mark_in_flight(
         now=now,
         lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
         seen_claims=job.claims,
-        refused_when=refusal_clause(account_id=ctx.settings.account_id,
+        refused_when=refusal_clause(account=ctx.settings.account,
                                     keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
                                     channel=job.route.channel.value, category=job.category,
                                     needs_consent=needs_consent(job.route, ctx.settings)),
@@ -481,7 +481,7 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
     with ctx.sessions() as session:
         window = store.window_open(
-            session, account_id=ctx.settings.account_id, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()
+            session, account=ctx.settings.account, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()
         )
     body = _message_body(job, ctx, window_open=window)
     target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
@@ -591,7 +591,7 @@ def _forgotten(error: ApiError, job: _Job, ctx: SendContext) -> SendResult | Non
     if not isinstance(error, NotFound) or job.re_resolved:
         return None
     with ctx.sessions.begin() as session:
-        store.forget_contact(session, account_id=ctx.settings.account_id,
+        store.forget_contact(session, account=ctx.settings.account,
                              keys=contact_keys(job.contact, key=ctx.settings.hashing_key))
         if not moves.re_resolve(session, attempt_id=job.attempt_id, seen_claims=job.claims, now=ctx.clock()):
             return None

@@ -107,10 +107,14 @@ class Attempt(Base):
     """One try through one route: number 1 is the first send, number 2 the single fallback."""
 
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("notification_id", "number"),)
+    # A message ID is one instance's: workspaces on separate instances number theirs alike.
+    __table_args__ = (UniqueConstraint("notification_id", "number"),
+                      UniqueConstraint("workspace", "message_id", name="uq_attempts_workspace_message"))
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id", ondelete="CASCADE"), index=True)
+    # its notification's workspace, written with the row (the lifecycle's moves read it there)
+    workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
     number: Mapped[int] = mapped_column(SmallInteger)
     # "first", "template" (a resend as the approved template after 131047) or "fallback".
     purpose: Mapped[str] = mapped_column(String(12), default="first", server_default="first")
@@ -120,7 +124,7 @@ class Attempt(Base):
     inbox_id: Mapped[int | None] = mapped_column(BigInteger)
     contact_id: Mapped[int | None] = mapped_column(BigInteger)
     conversation_id: Mapped[int | None] = mapped_column(BigInteger)
-    message_id: Mapped[int | None] = mapped_column(BigInteger, unique=True)
+    message_id: Mapped[int | None] = mapped_column(BigInteger)
     content_hash: Mapped[str | None] = mapped_column(String(64))  # to recognise our message; cleared on acceptance
     tries: Mapped[int] = mapped_column(Integer, default=0)  # calls that reached the workspace and failed
     # Runs of the send task that started and never finished (crashes): the crash guard, apart from tries.
@@ -155,6 +159,8 @@ class KnownContact(Base):
 
     __tablename__ = "known_contacts"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     identity_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     contact_id: Mapped[int] = mapped_column(BigInteger, index=True)  # back to the keys, for a reply's opt-out
@@ -168,6 +174,8 @@ class ContactInbox(Base):
 
     __tablename__ = "contact_inboxes"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -183,6 +191,8 @@ class ConversationLink(Base):
 
     __tablename__ = "conversation_links"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -195,6 +205,8 @@ class ServiceWindow(Base):
 
     __tablename__ = "service_windows"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     contact_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     inbox_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -230,6 +242,7 @@ class AppliedStatus(Base):
 
     __tablename__ = "applied_statuses"
 
+    workspace: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     message_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     status: Mapped[str] = mapped_column(String(20), primary_key=True)
     applied_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -254,6 +267,8 @@ class Suppression(Base):
 
     __tablename__ = "suppressions"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     recipient_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     channel: Mapped[str] = mapped_column(String(20), primary_key=True)
@@ -268,6 +283,7 @@ class SuppressionChange(Base):
     __tablename__ = "suppression_changes"
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
+    instance: Mapped[str] = mapped_column(String(64), default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger)
     recipient_key: Mapped[str] = mapped_column(String(64), index=True)
     channel: Mapped[str] = mapped_column(String(20))
@@ -283,6 +299,8 @@ class Consent(Base):
 
     __tablename__ = "consents"
 
+    # the account's instance (dispatcher.store.account): "default", the top-level api_url's
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True, default="default", server_default="default")
     account_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     recipient_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     channel: Mapped[str] = mapped_column(String(20), primary_key=True)

@@ -26,6 +26,7 @@ from dispatcher.lifecycle.states import (
 )
 from dispatcher.policy import channels as channel_rules
 from dispatcher.policy.readback import READ_BACK_STATES
+from dispatcher.store.account import Account, of_account
 from dispatcher.store.db import insert_for
 from dispatcher.store.models import (
     AppliedStatus,
@@ -299,23 +300,24 @@ def open_attempt(
                               now=now, columns=_ATTEMPT_COLUMNS)
 
 
-def message_adopted_elsewhere(session: Session, message_id: int) -> bool:
-    return session.scalar(select(func.count()).select_from(Attempt).where(Attempt.message_id == message_id)) != 0
+def message_adopted_elsewhere(session: Session, workspace: str, message_id: int) -> bool:
+    return session.scalar(select(func.count()).select_from(Attempt).where(
+        Attempt.workspace == workspace, Attempt.message_id == message_id)) != 0
 
 
 # --- the reuse caches -----------------------------------------------------------------------
 
 
-def known_contact_id(session: Session, *, account_id: int, key: str) -> int | None:
+def known_contact_id(session: Session, *, account: Account, key: str) -> int | None:
     return session.scalar(
-        select(KnownContact.contact_id).where(KnownContact.account_id == account_id, KnownContact.identity_key == key)
+        select(KnownContact.contact_id).where(of_account(KnownContact, account), KnownContact.identity_key == key)
     )
 
 
-def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], contact_id: int) -> None:
+def remember_contact(session: Session, *, account: Account, keys: Iterable[str], contact_id: int) -> None:
     for key in keys:
         _insert_ignoring_conflict(
-            session, KnownContact, {"account_id": account_id, "identity_key": key, "contact_id": contact_id,
+            session, KnownContact, {**account.columns, "identity_key": key, "contact_id": contact_id,
                                     "created_at": utcnow()}
         )
 
@@ -323,68 +325,69 @@ def remember_contact(session: Session, *, account_id: int, keys: Iterable[str], 
 SOURCE_ID_USED = "-"  # what is left of a source_id once its conversation exists
 
 
-def known_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> str | None:
+def known_source_id(session: Session, *, account: Account, contact_id: int, inbox_id: int) -> str | None:
     """The pair's stored source_id; None when none is stored, or only the mark of a used one."""
     stored = session.scalar(
         select(ContactInbox.source_id).where(
-            _same_pair(ContactInbox, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+            _same_pair(ContactInbox, account=account, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
     return None if stored == SOURCE_ID_USED else stored
 
 
-def remember_source_id(session: Session, *, account_id: int, contact_id: int, inbox_id: int, source_id: str) -> str:
+def remember_source_id(session: Session, *, account: Account, contact_id: int, inbox_id: int, source_id: str) -> str:
     """Store the first source_id seen for the pair (or replace the mark of a used one) and return the
     stored one (maybe a racer's)."""
     insert = insert_for(session)
     table = table_of(ContactInbox)
-    statement = insert(table).values(account_id=account_id, contact_id=contact_id, inbox_id=inbox_id,
+    statement = insert(table).values(**account.columns, contact_id=contact_id, inbox_id=inbox_id,
                                      source_id=source_id)
     session.execute(statement.on_conflict_do_update(
-        index_elements=[table.c.account_id, table.c.contact_id, table.c.inbox_id],
+        index_elements=[table.c.instance, table.c.account_id, table.c.contact_id, table.c.inbox_id],
         set_={"source_id": statement.excluded.source_id},
         where=table.c.source_id == SOURCE_ID_USED,
     ))
-    stored = known_source_id(session, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+    stored = known_source_id(session, account=account, contact_id=contact_id, inbox_id=inbox_id)
     assert stored is not None
     return stored
 
 
-def forget_contact(session: Session, *, account_id: int, keys: Sequence[str]) -> None:
+def forget_contact(session: Session, *, account: Account, keys: Sequence[str]) -> None:
     """The workspace no longer has the contact (or its conversation): forget every cached id of it,
     so the next run looks it up, and makes what is missing, again."""
     contact_ids = list(session.scalars(select(KnownContact.contact_id).where(
-        KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))))
-    session.execute(delete(KnownContact).where(KnownContact.account_id == account_id,
+        of_account(KnownContact, account), KnownContact.identity_key.in_(list(keys)))))
+    session.execute(delete(KnownContact).where(of_account(KnownContact, account),
                                                KnownContact.identity_key.in_(list(keys))))
     if contact_ids:
         for model in (KnownContact, ContactInbox, ConversationLink):
-            session.execute(delete(model).where(model.account_id == account_id, model.contact_id.in_(contact_ids)))
+            session.execute(delete(model).where(of_account(model, account), model.contact_id.in_(contact_ids)))
 
 
-def conversation_link(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> ConversationLink | None:
+def conversation_link(session: Session, *, account: Account, contact_id: int, inbox_id: int) -> ConversationLink | None:
     return session.scalars(
         select(ConversationLink)
-        .where(_same_pair(ConversationLink, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id))
+        .where(_same_pair(ConversationLink, account=account, contact_id=contact_id, inbox_id=inbox_id))
         .execution_options(populate_existing=True)
     ).one_or_none()
 
 
-def _same_pair(model: Any, *, account_id: int, contact_id: int, inbox_id: int) -> Any:
-    return (model.account_id == account_id) & (model.contact_id == contact_id) & (model.inbox_id == inbox_id)
+def _same_pair(model: Any, *, account: Account, contact_id: int, inbox_id: int) -> Any:
+    return of_account(model, account) & (model.contact_id == contact_id) & (model.inbox_id == inbox_id)
 
 
 def claim_conversation(
-    session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime, until: datetime
+    session: Session, *, account: Account, contact_id: int, inbox_id: int, now: datetime, until: datetime
 ) -> float:
     """Claim the right to create the pair's conversation: 0.0 when claimed, else the seconds left
     on another holder's claim (wait that long; a holder that died leaves a claim that expires)."""
-    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
-    _insert_ignoring_conflict(session, ConversationLink, {**key, "conversation_id": None, "claimed_until": None})
+    pair = {"contact_id": contact_id, "inbox_id": inbox_id}
+    _insert_ignoring_conflict(session, ConversationLink, {**account.columns, **pair, "conversation_id": None,
+                                                          "claimed_until": None})
     result = session.execute(
         update(ConversationLink)
         .where(
-            _same_pair(ConversationLink, **key),
+            _same_pair(ConversationLink, account=account, **pair),
             ConversationLink.conversation_id.is_(None),
             or_(ConversationLink.claimed_until.is_(None), ConversationLink.claimed_until < now),
         )
@@ -392,35 +395,36 @@ def claim_conversation(
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
         return 0.0
-    link = conversation_link(session, **key)
+    link = conversation_link(session, account=account, **pair)
     if link is None or link.claimed_until is None:
         return 0.5  # it was linked meanwhile: the next try reads it
     return max((link.claimed_until - now).total_seconds(), 0.5)
 
 
-def link_conversation(session: Session, *, account_id: int, contact_id: int, inbox_id: int, conversation_id: int) -> None:
+def link_conversation(session: Session, *, account: Account, contact_id: int, inbox_id: int, conversation_id: int) -> None:
     """Remember the pair's conversation, and forget its source_id: on SMS and platform inboxes it
     is the phone number (or an e-mail address), and nothing needs it once the conversation exists
     (a conversation the workspace loses is resolved again from a fresh listContactableInboxes)."""
-    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    pair = {"contact_id": contact_id, "inbox_id": inbox_id}
     session.execute(
-        update(ConversationLink).where(_same_pair(ConversationLink, **key)).values(conversation_id=conversation_id, claimed_until=None)
+        update(ConversationLink).where(_same_pair(ConversationLink, account=account, **pair))
+        .values(conversation_id=conversation_id, claimed_until=None)
     )
-    session.execute(update(ContactInbox).where(_same_pair(ContactInbox, **key)).values(source_id=SOURCE_ID_USED))
+    session.execute(update(ContactInbox).where(_same_pair(ContactInbox, account=account, **pair)).values(source_id=SOURCE_ID_USED))
 
 
-def release_conversation_claim(session: Session, *, account_id: int, contact_id: int, inbox_id: int) -> None:
+def release_conversation_claim(session: Session, *, account: Account, contact_id: int, inbox_id: int) -> None:
     """Give the claim back at once after a failed create, so the next try need not wait it out."""
-    key = {"account_id": account_id, "contact_id": contact_id, "inbox_id": inbox_id}
+    pair = {"contact_id": contact_id, "inbox_id": inbox_id}
     session.execute(
         update(ConversationLink)
-        .where(_same_pair(ConversationLink, **key), ConversationLink.conversation_id.is_(None))
+        .where(_same_pair(ConversationLink, account=account, **pair), ConversationLink.conversation_id.is_(None))
         .values(claimed_until=None)
     )
 
 
 def cached_target(
-    session: Session, *, account_id: int, keys: Sequence[str], inbox_id: int, now: datetime
+    session: Session, *, account: Account, keys: Sequence[str], inbox_id: int, now: datetime
 ) -> tuple[int | None, str | None, int | None, bool]:
     """What the store already knows for a contact and inbox, in one round trip: contact_id,
     source_id, conversation display ID, and whether the service window is open."""
@@ -428,7 +432,8 @@ def cached_target(
         return None, None, None, False
     def same_pair(model: Any) -> Any:
         return (
-            (model.account_id == KnownContact.account_id)
+            (model.instance == KnownContact.instance)
+            & (model.account_id == KnownContact.account_id)
             & (model.contact_id == KnownContact.contact_id)
             & (model.inbox_id == inbox_id)
         )
@@ -444,7 +449,7 @@ def cached_target(
         .outerjoin(ContactInbox, same_pair(ContactInbox))
         .outerjoin(ConversationLink, same_pair(ConversationLink))
         .outerjoin(ServiceWindow, same_pair(ServiceWindow))
-        .where(KnownContact.account_id == account_id, KnownContact.identity_key.in_(list(keys)))
+        .where(of_account(KnownContact, account), KnownContact.identity_key.in_(list(keys)))
     ).all()
     if not rows:
         return None, None, None, False
@@ -453,11 +458,11 @@ def cached_target(
     return row.contact_id, row.source_id, row.conversation_id, window
 
 
-def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id: int, now: datetime) -> bool:
+def window_open(session: Session, *, account: Account, contact_id: int, inbox_id: int, now: datetime) -> bool:
     """True while the contact's last incoming message through the inbox is under 24 hours old."""
     last = session.scalar(
         select(ServiceWindow.last_incoming_at).where(
-            _same_pair(ServiceWindow, account_id=account_id, contact_id=contact_id, inbox_id=inbox_id)
+            _same_pair(ServiceWindow, account=account, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
     return channel_rules.window_open(last, now=now)
@@ -466,39 +471,41 @@ def window_open(session: Session, *, account_id: int, contact_id: int, inbox_id:
 # --- delivery tracking ----------------------------------------------------------------------
 
 
-def attempt_by_message(session: Session, message_id: int, *, for_update: bool = False) -> Attempt | None:
-    """The attempt that sent this message; locked for the transaction when ``for_update``
+def attempt_by_message(session: Session, workspace: str, message_id: int, *, for_update: bool = False) -> Attempt | None:
+    """The attempt of ``workspace`` that sent this message (message IDs are one instance's: another
+    workspace's message may bear the same); locked for the transaction when ``for_update``
     (PostgreSQL), so concurrent consumers of the same message take turns."""
-    query = select(Attempt).where(Attempt.message_id == message_id).execution_options(populate_existing=True)
+    query = (select(Attempt).where(Attempt.workspace == workspace, Attempt.message_id == message_id)
+             .execution_options(populate_existing=True))
     if for_update and session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
     return session.scalars(query).one_or_none()
 
 
-def record_applied_status(session: Session, message_id: int, status: str) -> bool:
-    """Note that (message, status) is being applied; False when it was already."""
+def record_applied_status(session: Session, workspace: str, message_id: int, status: str) -> bool:
+    """Note that (workspace, message, status) is being applied; False when it was already."""
     insert = insert_for(session)
     # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
     table = table_of(AppliedStatus)
     inserted = session.execute(
         insert(table)
-        .values(message_id=message_id, status=status, applied_at=utcnow())
+        .values(workspace=workspace, message_id=message_id, status=status, applied_at=utcnow())
         .on_conflict_do_nothing()
         .returning(table.c.message_id)
     ).first()
     return inserted is not None
 
 
-def open_service_window(session: Session, *, account_id: int, contact_id: int, inbox_id: int, at: datetime) -> None:
+def open_service_window(session: Session, *, account: Account, contact_id: int, inbox_id: int, at: datetime) -> None:
     """Record an incoming message's time for the pair; an older report never moves it back."""
     dialect = session.get_bind().dialect.name
     insert = insert_for(session)
     statement = insert(ServiceWindow).values(
-        account_id=account_id, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
+        **account.columns, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
     )
     session.execute(
         statement.on_conflict_do_update(
-            index_elements=[ServiceWindow.account_id, ServiceWindow.contact_id, ServiceWindow.inbox_id],
+            index_elements=[ServiceWindow.instance, ServiceWindow.account_id, ServiceWindow.contact_id, ServiceWindow.inbox_id],
             set_={"last_incoming_at": func.max(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)}
             if dialect == "sqlite"
             else {"last_incoming_at": func.greatest(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)},
@@ -506,13 +513,14 @@ def open_service_window(session: Session, *, account_id: int, contact_id: int, i
     )
 
 
-def note_read(session: Session, message_ids: Sequence[int], *, at: datetime) -> dict[int, tuple[int, str]]:
-    """The message list was read at ``at`` (the moment the call began): note it on our attempts
-    among ``message_ids``; their attempt ID and state, by message ID."""
+def note_read(session: Session, workspace: str, message_ids: Sequence[int], *, at: datetime) -> dict[int, tuple[int, str]]:
+    """The message list was read at ``at`` (the moment the call began) through ``workspace``: note
+    it on that workspace's attempts among ``message_ids``; their attempt ID and state, by message ID."""
     if not message_ids:
         return {}
     rows = session.execute(
-        update(ATTEMPTS).where(ATTEMPTS.c.message_id.in_(list(message_ids))).values(last_read_at=at)
+        update(ATTEMPTS).where(ATTEMPTS.c.workspace == workspace, ATTEMPTS.c.message_id.in_(list(message_ids)))
+        .values(last_read_at=at)
         .returning(ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.state)
     ).all()
     return {row.message_id: (row.id, row.state) for row in rows}

@@ -87,7 +87,7 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, 
         return apply_outcome(Outcome(message_id, summary.status, summary.external_error), ctx, enqueuer,
                              mark_processed=mark_processed)
     with ctx.sessions() as session:
-        attempt = store.attempt_by_message(session, message_id)
+        attempt = store.attempt_by_message(session, ctx.settings.workspace_name, message_id)
     if attempt is None:
         return "ignored_not_ours"
     # No status in the event (a stock workspace's): what can be learned without a read, else a read.
@@ -119,7 +119,7 @@ def open_window(summary: EventSummary, ctx: SendContext) -> str:
     at = min(summary.created_at, now) if summary.created_at is not None else now
     with ctx.sessions.begin() as session:
         store.open_service_window(
-            session, account_id=ctx.settings.account_id, contact_id=summary.contact_id, inbox_id=summary.inbox_id, at=at
+            session, account=ctx.settings.account, contact_id=summary.contact_id, inbox_id=summary.inbox_id, at=at
         )
     return "window_opened"
 
@@ -135,11 +135,11 @@ def apply_reply(summary: EventSummary, ctx: SendContext) -> str | None:
                if (intent := keywords.reply_intent(summary.reply_keyword, route)) is not None}
     if not intents:
         return "ignored_reply"
-    now, account_id = ctx.clock(), ctx.settings.account_id
+    now, account = ctx.clock(), ctx.settings.account
     with ctx.sessions.begin() as session:
         keys = set(summary.sender_keys)
         if summary.contact_id is not None:
-            keys.update(suppressions.keys_of_workspace_contact(session, account_id=account_id,
+            keys.update(suppressions.keys_of_workspace_contact(session, account=account,
                                                                contact_id=summary.contact_id))
         if not keys:
             # A keyword we cannot tie to anyone: said, not silently dropped (the operator can act on it).
@@ -148,10 +148,10 @@ def apply_reply(summary: EventSummary, ctx: SendContext) -> str | None:
             return "ignored_reply_unknown_sender"
         for intent, channel in sorted(intents):
             if intent == "opt_out":
-                suppressions.suppress(session, account_id=account_id, keys=sorted(keys),
+                suppressions.suppress(session, account=account, keys=sorted(keys),
                                       scope=suppressions.Scope(channel=channel), reason=suppressions.Reason.KEYWORD, now=now)
             else:
-                suppressions.lift_channel(session, account_id=account_id, keys=sorted(keys), channel=channel,
+                suppressions.lift_channel(session, account=account, keys=sorted(keys), channel=channel,
                                           reason=suppressions.Reason.KEYWORD, now=now)
     change = "opted_out" if any(intent == "opt_out" for intent, _ in intents) else "opted_in"
     metrics.OPT_OUTS.labels(change=change, source="keyword").inc()
@@ -174,7 +174,7 @@ def record_platform_opt_out(notification_id: int, external_error: str | None, ct
     of the notification's current attempt in that code's scope. Whether it was such a code."""
     if not platform.means_opt_out(external_error):
         return False  # the usual failure: no transaction spent on this question
-    now, account_id = ctx.clock(), ctx.settings.account_id
+    now, account = ctx.clock(), ctx.settings.account
     with ctx.sessions.begin() as session:
         notification = session.get(Notification, notification_id)
         if notification is None:
@@ -188,7 +188,7 @@ def record_platform_opt_out(notification_id: int, external_error: str | None, ct
             return False
         keys = set()
         if attempt is not None and attempt.contact_id is not None:
-            keys.update(suppressions.keys_of_workspace_contact(session, account_id=account_id,
+            keys.update(suppressions.keys_of_workspace_contact(session, account=account,
                                                                contact_id=attempt.contact_id))
         body = store.load_payload(session, notification_id)
         if body is not None:
@@ -196,7 +196,7 @@ def record_platform_opt_out(notification_id: int, external_error: str | None, ct
                 keys.update(keys_of_contact(SendPayload.model_validate(body).contact, key=ctx.settings.hashing_key))
             except ValidationError:
                 pass
-        suppressions.suppress(session, account_id=account_id, keys=sorted(keys), scope=scope,
+        suppressions.suppress(session, account=account, keys=sorted(keys), scope=scope,
                               reason=suppressions.Reason.PLATFORM, now=now)
     metrics.OPT_OUTS.labels(change="opted_out", source="platform").inc()
     log.info("notification %s: the provider says its recipient opted out (%s)", notification_id, scope.describe())
@@ -224,7 +224,7 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
         page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
     listed = {message.id: message for message in page.messages}
     with ctx.sessions.begin() as session:
-        ours = store.note_read(session, list(listed), at=began)
+        ours = store.note_read(session, ctx.settings.workspace_name, list(listed), at=began)
     found: dict[int, Outcome] = {}
     for listed_id, (_, state) in ours.items():
         message = listed[listed_id]
@@ -241,11 +241,13 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
     ``mark_processed``: see :func:`apply_event`."""
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
+    workspace = ctx.settings.workspace_name
     with ctx.sessions.begin() as session:
-        attempt = store.attempt_by_message(session, outcome.message_id, for_update=True)
+        attempt = store.attempt_by_message(session, workspace, outcome.message_id, for_update=True)
         if attempt is None:
             return "ignored_not_ours"
-        if outcome.status is not None and not store.record_applied_status(session, outcome.message_id, outcome.status):
+        if outcome.status is not None and not store.record_applied_status(session, workspace, outcome.message_id,
+                                                                          outcome.status):
             return "duplicate_status"
         current = AttemptState(attempt.state)
         new = advance(current, reported)
@@ -481,7 +483,7 @@ def read_back_message(message_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
     """Read one message's state back now: its report reached the receiver while the store was away
     and was not recorded (a stock workspace never sends it again)."""
     with ctx.sessions() as session:
-        attempt = store.attempt_by_message(session, message_id)
+        attempt = store.attempt_by_message(session, ctx.settings.workspace_name, message_id)
         attempt_id = attempt.id if attempt is not None else None
     if attempt_id is None:
         return "ignored_not_ours"

@@ -40,6 +40,52 @@ def test_postgres_schema_matches_the_models(fresh_postgres_url: str) -> None:
     try:
         with engine.connect() as connection:
             version = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-        assert version == "0016"
+        assert version == "0017"
     finally:
         engine.dispose()
+
+
+def _rows_before_instances(url: str) -> None:
+    """A database at 0016 with a workspace's sent attempt, its applied status and an opt-out."""
+    upgrade_database(url, "0016")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text(
+                "INSERT INTO notifications (id, event_id, fingerprint, route, state, created_at, updated_at, workspace) "
+                "VALUES (7, 'e-7', 'f', 'sms', 'sent', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'north')"))
+            connection.execute(sa.text(
+                "INSERT INTO attempts (notification_id, number, purpose, route, channel, state, message_id, tries, "
+                "runs, claims, created_at, updated_at) "
+                "VALUES (7, 1, 'first', 'sms', 'sms', 'sent', 41, 0, 0, 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+            connection.execute(sa.text(
+                "INSERT INTO applied_statuses (message_id, status, applied_at) VALUES (41, 'sent', CURRENT_TIMESTAMP)"))
+            connection.execute(sa.text(
+                "INSERT INTO suppressions (account_id, recipient_key, channel, category, reason, since) "
+                "VALUES (3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_0017_keeps_what_was_there_under_its_workspace_and_instance(store: str, tmp_path: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    url = f"sqlite:///{tmp_path}/before.sqlite" if store == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    _rows_before_instances(url)
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            assert connection.execute(sa.text("SELECT workspace FROM attempts")).scalar_one() == "north"
+            assert connection.execute(sa.text("SELECT workspace FROM applied_statuses")).scalar_one() == "north"
+            assert connection.execute(sa.text("SELECT instance, account_id FROM suppressions")).one() == ("default", 3)
+            # another instance's account 3 may now hold the same key, and another workspace message 41
+            connection.execute(sa.text(
+                "INSERT INTO suppressions (instance, account_id, recipient_key, channel, category, reason, since) "
+                "VALUES ('south', 3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)"))
+            connection.execute(sa.text(
+                "INSERT INTO applied_statuses (workspace, message_id, status, applied_at) "
+                "VALUES ('south', 41, 'sent', CURRENT_TIMESTAMP)"))
+    finally:
+        engine.dispose()
+    assert _differences(url) == []

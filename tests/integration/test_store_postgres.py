@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from dispatcher.store import queries as store
+from dispatcher.store.account import Account
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
+
+ACCOUNT = Account("default", 1)  # the top-level instance's account 1
 
 pytestmark = pytest.mark.integration
 
@@ -22,11 +25,11 @@ def test_applied_status_is_new_once_then_known(fresh_postgres_url: str) -> None:
     sessions = session_factory(engine)
     try:
         with sessions.begin() as session:
-            assert store.record_applied_status(session, 41, "delivered") is True
-            assert store.record_applied_status(session, 41, "delivered") is False
-            assert store.record_applied_status(session, 41, "read") is True
+            assert store.record_applied_status(session, "default", 41, "delivered") is True
+            assert store.record_applied_status(session, "default", 41, "delivered") is False
+            assert store.record_applied_status(session, "default", 41, "read") is True
         with sessions.begin() as session:
-            assert store.record_applied_status(session, 41, "read") is False
+            assert store.record_applied_status(session, "default", 41, "read") is False
     finally:
         engine.dispose()
 
@@ -38,11 +41,11 @@ def test_the_service_window_only_moves_forward(fresh_postgres_url: str) -> None:
     now = datetime.now(UTC)
     try:
         with sessions.begin() as session:
-            store.open_service_window(session, account_id=1, contact_id=2, inbox_id=3, at=now)
-            store.open_service_window(session, account_id=1, contact_id=2, inbox_id=3, at=now - timedelta(hours=30))
+            store.open_service_window(session, account=ACCOUNT, contact_id=2, inbox_id=3, at=now)
+            store.open_service_window(session, account=ACCOUNT, contact_id=2, inbox_id=3, at=now - timedelta(hours=30))
         with sessions() as session:
-            assert store.window_open(session, account_id=1, contact_id=2, inbox_id=3, now=now + timedelta(hours=23))
-            assert not store.window_open(session, account_id=1, contact_id=2, inbox_id=3, now=now + timedelta(hours=25))
+            assert store.window_open(session, account=ACCOUNT, contact_id=2, inbox_id=3, now=now + timedelta(hours=23))
+            assert not store.window_open(session, account=ACCOUNT, contact_id=2, inbox_id=3, now=now + timedelta(hours=25))
     finally:
         engine.dispose()
 

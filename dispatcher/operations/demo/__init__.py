@@ -256,7 +256,7 @@ def window_is_open(settings: Settings, event_id: str) -> bool:
         ).one_or_none()
         if pair is None or pair.contact_id is None or pair.inbox_id is None:
             return False
-        return store.window_open(session, account_id=settings.account_id, contact_id=pair.contact_id,
+        return store.window_open(session, account=settings.account, contact_id=pair.contact_id,
                                  inbox_id=pair.inbox_id, now=utcnow())
 
 

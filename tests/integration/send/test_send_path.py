@@ -21,9 +21,12 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
+from dispatcher.store.account import Account
 from dispatcher.store.models import Attempt, Payload
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess
+
+ACCOUNT = Account("default", 1)  # the top-level instance's account 1
 
 pytestmark = pytest.mark.integration
 
@@ -246,7 +249,7 @@ def test_a_conversation_the_workspace_no_longer_has_is_resolved_again_and_sent_o
     second = _accept(context, {**request, "event_id": "evt-gone-b", "content": "Reminder evt-gone-b: tomorrow"})
     with context.sessions.begin() as session:
         contact_id = store.attempts_of(session, first)[0].contact_id or 0
-        link = store.conversation_link(session, account_id=1, contact_id=contact_id, inbox_id=inbox_id)
+        link = store.conversation_link(session, account=ACCOUNT, contact_id=contact_id, inbox_id=inbox_id)
         assert link is not None
         link.conversation_id = 999_999
     # When it is sent
@@ -302,7 +305,8 @@ def test_a_conversation_claim_left_by_a_dead_worker_is_waited_out_not_polled(
     second = _accept(context, reminder("evt-claim-2", identifier="pat-claim", phone="+15550300100"))
     now = context.clock()
     with context.sessions.begin() as session:
-        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, first)[0].contact_id or 0, inbox_id=1)
+        contact_id = store.attempts_of(session, first)[0].contact_id or 0
+        link = store.conversation_link(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1)
         assert link is not None
         link.conversation_id = None
         link.claimed_until = now + timedelta(seconds=20)
@@ -312,7 +316,8 @@ def test_a_conversation_claim_left_by_a_dead_worker_is_waited_out_not_polled(
     assert 19 < result.delay_s < 21
     # And once the claim has expired, it creates the conversation itself
     with context.sessions.begin() as session:
-        link = store.conversation_link(session, account_id=1, contact_id=store.attempts_of(session, first)[0].contact_id or 0, inbox_id=1)
+        contact_id = store.attempts_of(session, first)[0].contact_id or 0
+        link = store.conversation_link(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1)
         assert link is not None
         link.claimed_until = now - timedelta(seconds=1)
     assert drive(context, second)[-1].outcome is Outcome.ACCEPTED

@@ -28,6 +28,7 @@ from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations.cli.main import cli
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
+from dispatcher.store.account import Account
 from dispatcher.store.models import Attempt, WebhookDelivery
 from dispatcher.tracking.outcomes import apply_event
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
@@ -36,6 +37,8 @@ from dispatcher.tracking.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import EXAMPLE as EXAMPLE_CONFIG
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
+
+ACCOUNT = Account("default", 1)  # the top-level instance's account 1
 
 pytestmark = pytest.mark.integration
 
@@ -321,13 +324,13 @@ def test_an_incoming_message_opens_the_window_for_free_text(
         assert next(m for m in sandbox.messages() if m["id"] == first.message_id)["template_name"] == "appointment_reminder"
         # A late report of an older incoming message never moves the window back
         with ctx.sessions.begin() as session:
-            store.open_service_window(session, account_id=1, contact_id=contact_id, inbox_id=1,
+            store.open_service_window(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1,
                                       at=ctx.clock() - timedelta(hours=30))
         with ctx.sessions() as session:
-            assert store.window_open(session, account_id=1, contact_id=contact_id, inbox_id=1, now=ctx.clock())
+            assert store.window_open(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1, now=ctx.clock())
             # and 24 hours after the last incoming message it is closed
             later = ctx.clock() + timedelta(hours=24, seconds=1)
-            assert not store.window_open(session, account_id=1, contact_id=contact_id, inbox_id=1, now=later)
+            assert not store.window_open(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1, now=later)
 
 
 def test_a_recovered_send_whose_message_already_failed_still_gets_its_decision(

@@ -87,17 +87,34 @@ def test_opt_outs_are_each_workspace_s_own(two: tuple[TestClient, Dispatcher]) -
         "suppressed": False}
 
 
-@pytest.mark.parametrize(("workspace", "key"), [
-    ({"api_url": "http://elsewhere:3000", "account_id": 7, "api_token": "t" * 20}, "workspaces.north.api_url"),
-    ({"api_url": "http://127.0.0.1:9", "account_id": 1, "api_token": "t" * 20}, "workspaces.north.account_id"),
+@pytest.mark.parametrize("workspace", [
+    {"api_url": "http://127.0.0.1:9", "account_id": 1, "api_token": "t" * 20},
+    {"api_url": "http://127.0.0.1:9/", "account_id": 1, "api_token": "t" * 20},
 ])
-def test_workspaces_are_accounts_of_one_instance(workspace: dict[str, object], key: str,
-                                                 clean_environment: pytest.MonkeyPatch) -> None:
+def test_two_workspaces_cannot_be_one_account(workspace: dict[str, object], clean_environment: pytest.MonkeyPatch) -> None:
     from dispatcher.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError) as refused:
         example_settings(api_url="http://127.0.0.1:9", workspaces={"north": workspace})
-    assert key in str(refused.value) and "t" * 20 not in str(refused.value)
+    assert "workspaces.north.account_id" in str(refused.value) and "t" * 20 not in str(refused.value)
+
+
+def test_an_account_of_another_instance_is_keyed_apart(clean_environment: pytest.MonkeyPatch) -> None:
+    settings = example_settings(api_url="http://127.0.0.1:9", workspaces={
+        "north": {"api_url": "http://127.0.0.1:9", "account_id": 2, "api_token": "t" * 20},
+        "south": {"api_url": "http://elsewhere:3000", "account_id": 1, "api_token": "u" * 20}})
+    accounts = [settings.for_workspace(name).account for name in ("default", "north", "south")]
+    # the top-level instance's accounts by their IDs; another instance's account 1 by its name too
+    assert [(account.instance, account.id) for account in accounts] == [("default", 1), ("default", 2), ("south", 1)]
+
+
+def test_a_workspace_api_url_is_checked_like_the_top_level_one(clean_environment: pytest.MonkeyPatch) -> None:
+    from dispatcher.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as refused:
+        example_settings(api_url="http://127.0.0.1:9", workspaces={
+            "north": {"api_url": "http://elsewhere:3000/api/v1", "account_id": 2, "api_token": "t" * 20}})
+    assert "workspaces.north.api_url" in str(refused.value)
 
 
 def test_the_example_in_the_docs_works_as_written(clean_environment: pytest.MonkeyPatch) -> None:
@@ -110,6 +127,8 @@ def test_the_example_in_the_docs_works_as_written(clean_environment: pytest.Monk
     north = settings.for_workspace("north")
     assert (north.account_id, list(north.routes), north.workspace_name) == (2, ["portal"], "north")
     assert list(settings.intake_tokens()) == ["north"]
+    south = settings.for_workspace("south")  # another instance: its account 1 is its own
+    assert (south.api_url, south.account.instance, south.account.id) == ("http://127.0.0.1:3001", "south", 1)
 
 
 def test_each_intake_token_is_one_workspace_s(clean_environment: pytest.MonkeyPatch) -> None:
@@ -132,3 +151,13 @@ def test_the_outbox_and_the_keyed_hashes_follow_the_workspace(two: tuple[TestCli
         assert row is not None and row.workspace == "north"
     # a purged event stays spent whichever workspace hands it over again: one key for every hash at rest
     assert dispatcher.settings.for_workspace("north").hashing_key == dispatcher.settings.hashing_key
+
+
+def test_an_opt_out_for_a_workspace_that_is_not_configured_is_refused(two: tuple[TestClient, Dispatcher]) -> None:
+    from dispatcher.errors import InvalidEvent
+
+    _, dispatcher = two
+    with pytest.raises(InvalidEvent) as refused:
+        dispatcher.recipients_for("nrth").suppress({"phone_number": "+15550390002"})
+    assert refused.value.field == "workspace"
+    assert dispatcher.recipients_for("north").settings.workspace_name == "north"

@@ -19,9 +19,12 @@ from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, retry_plan_of
 from dispatcher.policy.ratelimit import LocalLimiter
 from dispatcher.store import queries as store
+from dispatcher.store.account import Account
 from dispatcher.tracking.reconcile import process_delivery
 
 from .conftest import NOW, PHONE, make_settings, running_receiver, signed_headers
+
+ACCOUNT = Account("default", 1)  # the top-level instance's account 1
 
 CONTACT_ID, INBOX_ID = 55, 1
 RECEIVED_AT = datetime.fromtimestamp(NOW, UTC)
@@ -79,9 +82,9 @@ def test_a_stock_incoming_message_opens_the_window_through_the_stored_summary(tm
             assert process_delivery(row_id, context, None) == "window_opened"  # type: ignore[arg-type]
             assert process_delivery(row_id, context, None) == "already_processed"  # type: ignore[arg-type]
         with receiver.sessions() as session:
-            assert store.window_open(session, account_id=1, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=RECEIVED_AT)
+            assert store.window_open(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=RECEIVED_AT)
             later = RECEIVED_AT + timedelta(hours=24)
-            assert not store.window_open(session, account_id=1, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=later)
+            assert not store.window_open(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=later)
         # and nothing of the message (content, phone, name) was stored
         stored = json.dumps([list(row) for row in receiver.rows()], default=str)
         assert "bring the form" not in stored and PHONE not in stored and "Ada" not in stored
