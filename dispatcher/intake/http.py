@@ -130,21 +130,25 @@ _RECIPIENT_ACTIONS: dict[str, Callable[[Recipients, dict[str, Any]], dict[str, A
 
 
 def create_intake_routes(
-    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    dispatcher: Dispatcher, *, token: SecretStr | str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_backlog: int = 0, retry_after_s: int = DEFAULT_RETRY_AFTER_S,
 ) -> list[Route]:
     """The two intake routes, to mount in any Starlette app (the webhook receiver's, for one).
 
-    ``token`` is the bearer token hosts must send; an empty one is refused with
-    :class:`~dispatcher.errors.ConfigurationError` (an intake nobody can call is a mistake).
+    ``token`` is the bearer token that reaches the default workspace (None: no token does; the
+    workspaces' own ``intake_token`` reach theirs). An empty one, or no token at all, is refused
+    with :class:`~dispatcher.errors.ConfigurationError` (an intake nobody can call is a mistake).
     ``max_backlog`` notifications waiting for a worker make a POST answer 429 (0: never).
     """
     # Each token reaches one workspace's notifications: the default one's (``token``), or the one
     # whose ``intake_token`` it is (docs/workspaces.md).
-    workspace_of = {_token_digest(token): DEFAULT_WORKSPACE}
+    workspace_of = {_token_digest(token): DEFAULT_WORKSPACE} if token is not None else {}
     for name, scoped_token in dispatcher.settings.intake_tokens().items():
         if name != DEFAULT_WORKSPACE:
             workspace_of[_token_digest(scoped_token)] = name
+    if not workspace_of:
+        raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "is required to serve the HTTP intake "
+                                 "(or a workspace's intake_token)")
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
     backlog = BacklogGate(dispatcher.sessions, max_backlog=max_backlog)
@@ -331,7 +335,7 @@ def create_intake_routes(
 
 
 def create_intake_app(
-    dispatcher: Dispatcher, *, token: SecretStr | str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    dispatcher: Dispatcher, *, token: SecretStr | str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_backlog: int = 0, retry_after_s: int = DEFAULT_RETRY_AFTER_S, on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Starlette:
     """The intake alone, with ``GET /healthz``: for running it by itself and for tests.
@@ -357,13 +361,14 @@ def create_intake_app(
 def app_from_environment() -> Starlette:
     """The zero-argument factory for ``uvicorn --factory``: settings and token from the environment.
 
-    The token is the setting ``intake_token`` (``DISPATCHER_INTAKE_TOKEN``); without one,
-    start-up fails naming it.
+    The tokens are the setting ``intake_token`` (``DISPATCHER_INTAKE_TOKEN``) and the workspaces'
+    own; without any, start-up fails naming it.
     """
     settings = load_settings()
     token = settings.intake_token
-    if token is None:
-        raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "is required to serve the HTTP intake")
+    if not settings.intake_tokens():
+        raise ConfigurationError(f"{TOKEN_VARIABLE} (intake_token)", "is required to serve the HTTP intake "
+                                 "(or a workspace's intake_token)")
     dispatcher = Dispatcher(settings, migrate=settings.database_url.startswith("sqlite"))
     close = getattr(dispatcher.enqueuer, "close", None)
     return create_intake_app(dispatcher, token=token, max_body_bytes=settings.intake_max_body_bytes,

@@ -16,7 +16,7 @@
 6. 200 ``accepted``. A store failure answers 503 ``store_unavailable`` (nothing was recorded).
 
 The same app serves ``GET /healthz``, ``GET /metrics`` (Prometheus: verdicts, notifications by
-state) and, when ``intake_token`` is set, the HTTP intake (:mod:`dispatcher.intake.http`).
+state) and, when an ``intake_token`` is set, the HTTP intake (:mod:`dispatcher.intake.http`).
 
 Steps 4 and 5 are a group commit: one writer at a time runs in Starlette's threadpool, off the
 event loop; deliveries verified while it writes wait and go together in the next transaction
@@ -171,7 +171,7 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
     routes = [Route(settings.webhook_path, receiver_for(read, read_back=True), methods=["POST"]), *workspace_routes,
               Route("/healthz", healthz, methods=["GET"]),
               Route("/readyz", readyz, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
-    if settings.intake_token is not None:
+    if settings.intake_tokens():  # the default workspace's token, or only some workspaces' own
         # HTTP intake for hosts not written in Python, beside the receiver (docs/http-intake.md).
         from dispatcher.intake.http import create_intake_routes
         from dispatcher.service import Dispatcher

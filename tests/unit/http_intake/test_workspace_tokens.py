@@ -161,3 +161,19 @@ def test_an_opt_out_for_a_workspace_that_is_not_configured_is_refused(two: tuple
         dispatcher.recipients_for("nrth").suppress({"phone_number": "+15550390002"})
     assert refused.value.field == "workspace"
     assert dispatcher.recipients_for("north").settings.workspace_name == "north"
+
+
+def test_a_workspace_token_alone_serves_the_intake_for_that_workspace(
+        store_url: str, clean_environment: pytest.MonkeyPatch) -> None:
+    from dispatcher.errors import ConfigurationError
+
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=store_url, workspaces={
+        "north": {"api_url": "http://127.0.0.1:9", "account_id": 7, "api_token": "north-api-token-0123456789",
+                  "intake_token": NORTH_TOKEN}})
+    dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer())
+    with TestClient(create_intake_app(dispatcher, token=None)) as client:
+        assert client.post(PATH, json=valid_request("north-only-1"), headers=NORTH).status_code == 202
+        assert client.post(PATH, json=valid_request("north-only-2"), headers=AUTH).status_code == 401
+    with pytest.raises(ConfigurationError, match="intake_token"):  # no token at all: nobody could call it
+        create_intake_app(Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=store_url),
+                                     enqueuer=ListEnqueuer()), token=None)
