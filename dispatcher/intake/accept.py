@@ -18,7 +18,7 @@ from dispatcher.errors import EventConflict, EventSpent, InvalidEvent, UnknownNo
 from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
-from dispatcher.policy.quiet_hours import SendWindow, next_opening, zone
+from dispatcher.policy.quiet_hours import within_window
 from dispatcher.recipients import suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.platform import MARKETING
@@ -114,9 +114,9 @@ def _check_consent(session: Session, request: NotificationRequest, fallback_rout
     keys = keys_of_contact(request.contact, key=settings.hashing_key)
     channel = ChannelKind.WEB_SESSION.value
     if request.consent_ref is not None:
-        suppressions.record_consent(session, account_id=settings.account_id, keys=keys, channel=channel,
+        suppressions.record_consent(session, account=settings.account, keys=keys, channel=channel,
                                     reference=store.event_key(request.consent_ref, key=settings.hashing_key), now=now)
-    elif not suppressions.has_consent(session, account_id=settings.account_id, keys=keys, channel=channel):
+    elif not suppressions.has_consent(session, account=settings.account, keys=keys, channel=channel):
         raise InvalidEvent("consent_ref", f"route {needing[0]!r} (web_session) sends only with the recipient's consent: "
                                           "give consent_ref, or record the consent first")
 
@@ -136,16 +136,6 @@ def scheduled_for(request: NotificationRequest, settings: Settings, *, now: date
     (the route's, else the default, when the request names none)."""
     due = request.send_at.astimezone(UTC) if request.send_at is not None else None
     return within_window(due, request.contact.time_zone, settings.routes[request.route], settings, now=now)
-
-
-def within_window(due: datetime | None, time_zone: str | None, route: Route, settings: Settings, *,
-                  now: datetime) -> datetime | None:
-    """``due`` (None: now) moved to the next opening of ``route``'s send window when it falls outside it."""
-    if route.send_window is None:
-        return due
-    where = zone(time_zone or route.time_zone or settings.default_time_zone)
-    opening = next_opening(due or now, SendWindow.parse(route.send_window), where)
-    return due if opening == (due or now) else opening
 
 
 def payload_of(request: NotificationRequest) -> dict[str, object]:

@@ -318,6 +318,19 @@ def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: in
     )
 
 
+QUIET_HOURS = "quiet_hours"  # the error_kind of a notification waiting for its route's send window
+
+
+def wait_for_window(session: Session, *, notification_id: int, detail: str, now: datetime) -> None:
+    """The attempt's route is in its quiet hours: nothing was called; the notification shows until
+    when it waits (the attempt stays queued, and the run ends with :func:`end_run`)."""
+    session.execute(
+        update(NOTIFICATIONS)
+        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_kept("wait_for_window", "notification")))
+        .values(error_kind=QUIET_HOURS, error_detail=_detail(detail), updated_at=now)
+    )
+
+
 def count_try(session: Session, *, attempt_id: int, now: datetime, max_tries: int) -> int | None:
     """A call of this attempt's reached the workspace and failed: one provider try. The attempt's
     tries after it, or None when the attempt moved on (or already counts ``max_tries``)."""

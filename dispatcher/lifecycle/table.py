@@ -112,6 +112,8 @@ MOVES: dict[str, Move] = {
         Move("wait_for_workspace", "the workspace refuses the token or cannot be reached: wait, saying why; the try is not counted",
              attempt=edges((A.QUEUED, [A.QUEUED]), (A.IN_FLIGHT, [A.QUEUED]), guard="createMessage was refused or never left; " + HELD),
              notification=kept(SENDABLE_NOTIFICATION_STATES, "records why it waits")),
+        Move("wait_for_window", "the attempt's route is in its quiet hours: wait for its send window to open, saying until when",
+             notification=kept(SENDABLE_NOTIFICATION_STATES, "records why it waits")),
         Move("count_try", "a call reached the workspace and failed (answered, refused or timed out): one provider try",
              attempt=kept(SENDABLE_ATTEMPT_STATES, "never past retry_max_tries")),
         Move("end_run", "a run ended without dying, whatever it did: its run is not counted as a crash",

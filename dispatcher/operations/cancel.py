@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent, TooLate, UnknownNotification
-from dispatcher.intake.accept import within_window
 from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, NotificationState
+from dispatcher.policy.quiet_hours import within_window
 from dispatcher.settings import Settings
 from dispatcher.store import queries as store
 from dispatcher.store.models import Notification, utcnow

@@ -3,7 +3,9 @@ recipient's time zone or, lacking one, the route's (else the configured default)
 
 A notification due outside its route's window waits for the window's next opening: it is stored
 ``scheduled`` for that instant, so the sweep releases it then, like any scheduled notification,
-and its send deadline counts from then. A window may wrap midnight ("20:00-08:00" sends at night).
+and its send deadline counts from then. An attempt about to start outside its route's window (a
+fallback decided at night, a host's retry, a run delayed past the close) waits for the opening
+too (dispatcher.sending.send). A window may wrap midnight ("20:00-08:00" sends at night).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator
+
+if TYPE_CHECKING:  # the settings module imports this one (its validators check windows and zones)
+    from dispatcher.settings import Route, Settings
 
 WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
@@ -70,3 +75,14 @@ def next_opening(due: datetime, window: SendWindow, where: ZoneInfo) -> datetime
     if opening <= local:
         opening = datetime.combine(local.date() + timedelta(days=1), window.opens, tzinfo=where)
     return opening.astimezone(UTC)
+
+
+def within_window(due: datetime | None, time_zone: str | None, route: Route, settings: Settings, *,
+                  now: datetime) -> datetime | None:
+    """``due`` (None: now) moved to the next opening of ``route``'s send window when it falls
+    outside it; the zone is the recipient's (``time_zone``), else the route's, else the default."""
+    if route.send_window is None:
+        return due
+    where = zone(time_zone or route.time_zone or settings.default_time_zone)
+    opening = next_opening(due or now, SendWindow.parse(route.send_window), where)
+    return due if opening == (due or now) else opening

@@ -41,6 +41,7 @@ from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.fallback import OUTCOME_UNKNOWN
+from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
@@ -317,8 +318,12 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             send_at=notification.send_at,
             category=notification.category,
         )
+        opening = _window_opening(job, ctx, now=now)
         if payload is None:
             pass  # failed below, outside this transaction
+        elif opening is not None:
+            if not _past_deadline(job.created_at or now, job.send_at, now=opening, deadline_s=ctx.settings.send_deadline_s):
+                return _wait_for_window(session, job, opening, now=now)
         elif job.attempt_state is AttemptState.QUEUED:
             # The warm path's claim refuses a recipient who said no in its own statement; any
             # other queued attempt is asked here, before any call (an in-flight or unknown one is
@@ -335,7 +340,30 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         return _fail(job, ctx, "payload_unreadable", "the notification's stored payload cannot be read")
     if payload is None:
         return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
+    if opening is not None:
+        return _fail(job, ctx, "send_deadline", f"route {job.route_name!r} is in its quiet hours, and its send "
+                                                "window opens past the send deadline")
     return job
+
+
+def _window_opening(job: _Job, ctx: SendContext, *, now: datetime) -> datetime | None:
+    """When a queued attempt's route opens its send window, if it is closed now (quiet hours). At
+    intake a notification due at night is scheduled for the opening; this holds every later start
+    to the window too: a fallback decided at night, a host's retry, a run delayed past the close."""
+    if job.payload is None or job.attempt_state is not AttemptState.QUEUED or job.route.send_window is None:
+        return None
+    return within_window(None, job.contact.time_zone, job.route, ctx.settings, now=now)
+
+
+def _wait_for_window(session: Session, job: _Job, opening: datetime, *, now: datetime) -> SendResult:
+    """Nothing is called: the notification shows until when it waits, and comes back then (a due
+    time for the sweep, however near)."""
+    moves.wait_for_window(session, notification_id=job.notification_id, now=now,
+                          detail=f"route {job.route_name!r} sends {job.route.send_window} only; "
+                                 f"waits until {opening:%Y-%m-%d %H:%M} UTC")
+    moves.end_run(session, attempt_id=job.attempt_id)
+    return SendResult(Outcome.RETRY, "quiet hours: waits for the route's send window",
+                      delay_s=(opening - now).total_seconds(), deferred=True)
 
 
 def _set_aside(session: Session, notification_id: int, number: int, died: int, *, now: datetime) -> SendResult:
