@@ -236,6 +236,13 @@ class Workspace(BaseModel):
     def _base_url(cls, value: str) -> str:
         return _checked_base_url(value)
 
+    @field_validator("callback_secrets")
+    @classmethod
+    def _callback_secrets(cls, value: list[SecretStr] | None) -> list[SecretStr] | None:
+        for secret in value or []:
+            _check_whsec(secret.get_secret_value())
+        return value
+
 
 class Settings(BaseSettings):
     """Everything the dispatcher reads from its environment. Secrets are ``SecretStr``."""
@@ -462,7 +469,7 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}RETRY_MAX_COUNTDOWN_S (retry_max_countdown_s): must be at least "
                 f"{COUNTDOWN_MARGIN_S} s below broker_visibility_timeout_s on a Redis broker, or a "
                 "countdown outlives the visibility timeout and runs twice")
-        if self.callbacks_on and not self.callback_secrets:
+        if self._calls_back and not self.callback_secrets:
             raise ValueError(f"{ENV_PREFIX}CALLBACK_SECRETS (callback_secrets): callbacks are signed; give a whsec_ secret")
         for name, workspace in self.workspaces.items():
             if name == DEFAULT_WORKSPACE or not WORKSPACE_NAME.match(name):
@@ -470,6 +477,10 @@ class Settings(BaseSettings):
                                  f"and not {DEFAULT_WORKSPACE!r} (the top-level settings are that one)")
             if workspace.routes is not None:  # a fallback names a route of the workspace's own
                 _check_routes(workspace.routes, f"workspaces.{name}.routes")
+            chosen = self.for_workspace(name)
+            if chosen._calls_back and not chosen.callback_secrets:
+                raise ValueError(f"workspaces.{name}.callback_secrets: callbacks are signed; give a whsec_ secret "
+                                 "(the workspace's, or the top-level callback_secrets)")
             if workspace.intake_token is not None and sum(
                     token.get_secret_value() == workspace.intake_token.get_secret_value()
                     for token in self.intake_tokens().values()) > 1:
@@ -491,10 +502,14 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def _calls_back(self) -> bool:
+        """This workspace's own settings name a callback URL (its routes' included)."""
+        return self.callback_url is not None or any(route.callback_url for route in self.routes.values())
+
+    @property
     def callbacks_on(self) -> bool:
         """Some URL takes outcome callbacks: the moves then write them (dispatcher.lifecycle.announce)."""
-        return (self.callback_url is not None or any(route.callback_url for route in self.routes.values())
-                or any(self.for_workspace(name).callbacks_on for name in self.workspaces))
+        return self._calls_back or any(self.for_workspace(name).callbacks_on for name in self.workspaces)
 
     @property
     def workspace_names(self) -> list[str]:

@@ -177,3 +177,20 @@ def test_a_workspace_token_alone_serves_the_intake_for_that_workspace(
     with pytest.raises(ConfigurationError, match="intake_token"):  # no token at all: nobody could call it
         create_intake_app(Dispatcher(example_settings(api_url="http://127.0.0.1:9", database_url=store_url),
                                      enqueuer=ListEnqueuer()), token=None)
+
+
+def test_a_workspace_s_callbacks_are_signed_with_its_own_secrets_or_the_top_level_ones(
+        clean_environment: pytest.MonkeyPatch) -> None:
+    from dispatcher.errors import ConfigurationError
+
+    own = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    north = {"api_url": "http://127.0.0.1:9", "account_id": 2, "api_token": "t" * 20,
+             "callback_url": "http://127.0.0.1:8000/north"}
+    settings = example_settings(api_url="http://127.0.0.1:9", workspaces={"north": {**north, "callback_secrets": [own]}})
+    assert settings.callbacks_on and not settings.callback_secrets
+    assert [secret.get_secret_value() for secret in settings.for_workspace("north").callback_secrets] == [own]
+    with pytest.raises(ConfigurationError, match=r"workspaces\.north\.callback_secrets"):
+        example_settings(api_url="http://127.0.0.1:9", workspaces={"north": north})
+    with pytest.raises(ConfigurationError, match=r"workspaces\.north\.callback_secrets") as refused:
+        example_settings(api_url="http://127.0.0.1:9", workspaces={"north": {**north, "callback_secrets": ["not-whsec-42"]}})
+    assert "not-whsec-42" not in str(refused.value)
