@@ -86,10 +86,13 @@ def _checked_base_url(value: str) -> str:
 
 
 def _instance_url(api_url: str) -> str:
-    """The instance an API URL reaches, as a key: scheme and host are case-blind."""
+    """The instance an API URL reaches, as a key: scheme and host are case-blind, and a default
+    port is the same as none (https://x:443 is https://x)."""
     scheme, _, rest = api_url.partition("://")
     host, slash, path = rest.partition("/")
-    return f"{scheme.lower()}://{host.lower()}{slash}{path}".rstrip("/")
+    scheme, host = scheme.lower(), host.lower()
+    host = host.removesuffix({"https": ":443", "http": ":80"}.get(scheme, "\0"))
+    return f"{scheme}://{host}{slash}{path}".rstrip("/")
 
 
 def _check_routes(routes: dict[str, Route], where: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, select, tuple_, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle.states import ACCEPTED_ATTEMPT_STATES, SETTLED_NOTIFICATION_STATES
@@ -108,14 +108,18 @@ def _forget_unused_contacts(session: Session, cutoff: datetime) -> int:
     in the store was sent to: their identity hashes, source_ids, conversations and service windows.
     A later notification to one of them finds it again with one search."""
     known, attempts = table_of(KnownContact), table_of(Attempt)
+    # A contact ID is one account's, of one instance: contact 5 of another instance is another
+    # person. Kept while any attempt names the ID at all (keeping too much is safe).
     still_used = select(attempts.c.contact_id).where(attempts.c.contact_id.is_not(None))
-    stale = list(session.scalars(
-        select(known.c.contact_id).where(known.c.created_at < cutoff, known.c.contact_id.not_in(still_used)).distinct()
-    ))
+    stale = [tuple(row) for row in session.execute(
+        select(known.c.instance, known.c.account_id, known.c.contact_id)
+        .where(known.c.created_at < cutoff, known.c.contact_id.not_in(still_used)).distinct()
+    )]
     for model in (KnownContact, ContactInbox, ConversationLink, ServiceWindow):
         table = table_of(model)
+        whose = tuple_(table.c.instance, table.c.account_id, table.c.contact_id)
         for start in range(0, len(stale), BATCH):
-            session.execute(delete(table).where(table.c.contact_id.in_(stale[start:start + BATCH])))
+            session.execute(delete(table).where(whose.in_(stale[start:start + BATCH])))
     return len(stale)
 
 

@@ -111,8 +111,11 @@ def resends_as_template(verdict: FallbackVerdict, *, attempt_purpose: str, has_t
 # ``outcome_unknown``: an earlier try may have sent the message, and no read could tell; another
 # route would risk a second message.
 OUTCOME_UNKNOWN = "outcome_unknown"
+# ``window_past_deadline``: the route's send window opens only after the notification's send
+# deadline; the deadline is the notification's, so no route may send it any more.
+WINDOW_PAST_DEADLINE = "window_past_deadline"
 _SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing",
-                                             "payload_unreadable", "internal", OUTCOME_UNKNOWN})
+                                             "payload_unreadable", "internal", OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE})
 
 
 def send_failure_falls_back(error_kind: str) -> bool:

@@ -40,7 +40,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
-from dispatcher.policy.fallback import OUTCOME_UNKNOWN
+from dispatcher.policy.fallback import OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
@@ -318,17 +318,13 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
             send_at=notification.send_at,
             category=notification.category,
         )
-        opening = _window_opening(job, ctx, now=now)
         if payload is None:
             pass  # failed below, outside this transaction
-        elif opening is not None:
-            if not _past_deadline(job.created_at or now, job.send_at, now=opening, deadline_s=ctx.settings.send_deadline_s):
-                return _wait_for_window(session, job, opening, now=now)
         elif job.attempt_state is AttemptState.QUEUED:
             # The warm path's claim refuses a recipient who said no in its own statement; any
             # other queued attempt is asked here, before any call (an in-flight or unknown one is
-            # looked for first, in _send).
-            if job.tries < ctx.plan.max_tries:
+            # looked for first, in _send). In quiet hours nothing starts: _send waits.
+            if job.tries < ctx.plan.max_tries and _window_opening(job, ctx, now=now) is None:
                 job = _start_if_known(session, job, ctx, now=now)
             if job.started is None and (blocked := _recipient_said_no(session, job, ctx, now=now)):
                 if blocked.outcome is Outcome.SKIPPED:  # lost a race to another worker: no crash
@@ -340,28 +336,32 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         return _fail(job, ctx, "payload_unreadable", "the notification's stored payload cannot be read")
     if payload is None:
         return _fail(job, ctx, "payload_missing", "the notification's payload is gone")
-    if opening is not None:
-        return _fail(job, ctx, "send_deadline", f"route {job.route_name!r} is in its quiet hours, and its send "
-                                                "window opens past the send deadline")
     return job
 
 
 def _window_opening(job: _Job, ctx: SendContext, *, now: datetime) -> datetime | None:
-    """When a queued attempt's route opens its send window, if it is closed now (quiet hours). At
-    intake a notification due at night is scheduled for the opening; this holds every later start
-    to the window too: a fallback decided at night, a host's retry, a run delayed past the close."""
-    if job.payload is None or job.attempt_state is not AttemptState.QUEUED or job.route.send_window is None:
+    """When the attempt's route opens its send window, if it is closed now (quiet hours). At intake
+    a notification due at night is scheduled for the opening; this holds every later start to the
+    window too: a fallback decided at night, a host's retry, a run delayed past the close, a resend
+    after an unknown outcome (looked for first, as always)."""
+    if job.payload is None or job.route.send_window is None:
         return None
     return within_window(None, job.contact.time_zone, job.route, ctx.settings, now=now)
 
 
-def _wait_for_window(session: Session, job: _Job, opening: datetime, *, now: datetime) -> SendResult:
+def _outside_window(job: _Job, ctx: SendContext, opening: datetime) -> SendResult:
     """Nothing is called: the notification shows until when it waits, and comes back then (a due
-    time for the sweep, however near)."""
-    moves.wait_for_window(session, notification_id=job.notification_id, now=now,
-                          detail=f"route {job.route_name!r} sends {job.route.send_window} only; "
-                                 f"waits until {opening:%Y-%m-%d %H:%M} UTC")
-    moves.end_run(session, attempt_id=job.attempt_id)
+    time for the sweep, however near); the attempt keeps its state, so an unknown one is looked for
+    again first. When the window opens only past the send deadline, it fails now, without a
+    fallback: the deadline is the notification's."""
+    now = ctx.clock()
+    if _past_deadline(job.created_at or now, job.send_at, now=opening, deadline_s=ctx.settings.send_deadline_s):
+        return _fail(job, ctx, WINDOW_PAST_DEADLINE, f"route {job.route_name!r} is in its quiet hours, and its send "
+                                                     "window opens past the send deadline")
+    with ctx.sessions.begin() as session:
+        moves.wait_for_window(session, notification_id=job.notification_id, now=now,
+                              detail=f"route {job.route_name!r} sends {job.route.send_window} only; "
+                                     f"waits until {opening:%Y-%m-%d %H:%M} UTC")
     return SendResult(Outcome.RETRY, "quiet hours: waits for the route's send window",
                       delay_s=(opening - now).total_seconds(), deferred=True)
 
@@ -496,6 +496,8 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
             return _fail(job, ctx, "not_found_after_unknown_outcome", "the earlier answer was unreadable and no message exists")
     if job.tries >= ctx.plan.max_tries:
         return _fail(job, ctx, TRIES_EXHAUSTED, f"{job.tries} tries used")
+    if (opening := _window_opening(job, ctx, now=ctx.clock())) is not None:
+        return _outside_window(job, ctx, opening)
     if job.attempt_state is not AttemptState.QUEUED:  # a queued one was asked in _load
         with ctx.sessions.begin() as session:  # before any lookup: no contact is made for a person who said no
             if (blocked := _recipient_said_no(session, job, ctx, now=ctx.clock())) is not None:

@@ -89,3 +89,25 @@ def test_0017_keeps_what_was_there_under_its_workspace_and_instance(store: str, 
     finally:
         engine.dispose()
     assert _differences(url) == []
+
+
+def test_0017_is_undone_on_one_instance_and_refused_with_two(tmp_path: Path) -> None:
+    from alembic import command
+
+    from dispatcher.store.migrate import alembic_config
+
+    url = f"sqlite:///{tmp_path}/down.sqlite"
+    _rows_before_instances(url)
+    upgrade_database(url)
+    command.downgrade(alembic_config(url), "0016")  # every row is the top-level instance's: it goes back
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text(
+                "INSERT INTO suppressions (instance, account_id, recipient_key, channel, category, reason, since) "
+                "VALUES ('south', 3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)"))
+    finally:
+        engine.dispose()
+    with pytest.raises(RuntimeError, match="separate instances"):
+        command.downgrade(alembic_config(url), "0016")

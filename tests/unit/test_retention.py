@@ -145,3 +145,21 @@ def test_bindings_of_contacts_no_notification_left_uses_are_forgotten(sessions: 
         for model in (KnownContact, ContactInbox, ConversationLink, ServiceWindow):
             assert sorted(session.scalars(select(model.contact_id))) == [1, 3], model.__name__
     assert report.contacts_forgotten == 1  # type: ignore[attr-defined]
+
+
+def test_forgetting_a_contact_leaves_the_same_id_of_another_instance_alone(sessions: sessionmaker[Session]) -> None:
+    from dispatcher.store.models import ContactInbox, ConversationLink, KnownContact, ServiceWindow
+
+    old, recent = NOW - timedelta(days=31), NOW - timedelta(days=1)
+    with sessions.begin() as session:  # contact 5 of the top-level instance, and another person, 5 of "south"
+        for instance, resolved_at in (("default", old), ("south", recent)):
+            whose = {"instance": instance, "account_id": 1, "contact_id": 5}
+            session.add(KnownContact(**whose, identity_key=f"k-{instance}", created_at=resolved_at))
+            session.add(ContactInbox(**whose, inbox_id=1, source_id="-"))
+            session.add(ConversationLink(**whose, inbox_id=1, conversation_id=9))
+            session.add(ServiceWindow(**whose, inbox_id=1, last_incoming_at=resolved_at))
+    report = _purge(sessions)
+    assert report.contacts_forgotten == 1  # type: ignore[attr-defined]
+    with sessions() as session:
+        for model in (KnownContact, ContactInbox, ConversationLink, ServiceWindow):
+            assert list(session.scalars(select(model.instance))) == ["south"], model.__name__

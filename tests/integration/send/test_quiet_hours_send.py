@@ -1,6 +1,7 @@
 """Quiet hours hold every start of a send, not only the hand-over: a fallback decided at night on
 a route with a send window waits for the window's opening, saying until when, and goes then; a run
-whose window opens only past the send deadline fails with that reason. Against the sandbox process,
+whose window opens only past the send deadline fails with that reason, without a fallback; a
+resend after an unknown outcome waits for the window too. Against the sandbox process,
 with the send path's clock set by the test."""
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def night_context(sandbox: SandboxProcess, tmp_path: Path, clock: Clock,
     routes = tomllib.loads((REPO_ROOT / "config" / "dispatcher.example.toml").read_text())["routes"]
     routes["sms"] |= {"send_window": "08:00-20:00"}
     settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/quiet.sqlite",
-                                routes=routes, default_time_zone="Europe/Berlin", send_deadline_s=43_200.0)
+                                routes=routes, default_time_zone="Europe/Berlin", send_deadline_s=46_800.0)
     with send_context(settings) as ctx:
         yield replace(ctx, clock=clock)
 
@@ -92,16 +93,37 @@ def test_a_fallback_decided_at_night_waits_for_its_route_s_window(
 
 def test_a_window_that_opens_past_the_send_deadline_fails_the_notification_saying_so(
         night_context: SendContext, sandbox: SandboxProcess, clock: Clock) -> None:
-    # Given an SMS handed over at 19:30 Berlin time, inside the window, whose run comes only at 23:30
-    evening = NIGHT - timedelta(hours=4)
+    # Given an SMS handed over at 18:30 Berlin time, inside the window, whose run comes only at 23:30
+    evening = NIGHT - timedelta(hours=5)
     notification_id = _hand_over(night_context, reminder("evt-late-run", identifier="p-late", phone="+15550300202",
                                                          route="sms"), evening)
     assert intake.status(night_context.sessions, "evt-late-run").state == "queued"
-    # When the window opens 12.5 hours after it was due, past its 12-hour send deadline
+    # When the window opens 13.5 hours after it was due, past its 13-hour send deadline
     result = send_notification(notification_id, night_context)
     # Then it fails now, with that reason, and nothing is sent
     assert result.outcome is Outcome.FAILED
     record = intake.status(night_context.sessions, "evt-late-run")
-    assert (record.state, record.error_kind) == ("failed", "send_deadline")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "window_past_deadline", "none")
     assert record.error_detail is not None and "quiet hours" in record.error_detail
     assert sandbox.messages_per_event()["evt-late-run"] == 0
+
+
+def test_a_resend_after_an_unknown_outcome_waits_for_the_window_too(
+        night_context: SendContext, sandbox: SandboxProcess, clock: Clock) -> None:
+    # Given an SMS whose createMessage fails with a server error at 19:59 Berlin time (its outcome unknown)
+    clock.now = datetime(2026, 11, 26, 18, 59, tzinfo=UTC)
+    notification_id = _hand_over(night_context, reminder("evt-unknown-late", identifier="p-unknown",
+                                                         phone="+15550300203", route="sms"), clock.now)
+    sandbox.set_faults(SERVER_ERRORS)
+    assert send_notification(notification_id, night_context).outcome is Outcome.RETRY
+    sandbox.set_faults({})
+    # When its next run comes at 20:05, the look for an earlier message finds none
+    clock.now = datetime(2026, 11, 26, 19, 5, tzinfo=UTC)
+    waiting = send_notification(notification_id, night_context)
+    # Then it does not send in quiet hours: it waits for the opening, and goes then, once
+    assert (waiting.outcome, waiting.deferred) == (Outcome.RETRY, True)
+    assert intake.status(night_context.sessions, "evt-unknown-late").error_kind == "quiet_hours"
+    assert sandbox.messages_per_event()["evt-unknown-late"] == 0
+    clock.now = OPENING
+    assert drive(night_context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    assert sandbox.messages_per_event()["evt-unknown-late"] == 1

@@ -90,12 +90,14 @@ def test_opt_outs_are_each_workspace_s_own(two: tuple[TestClient, Dispatcher]) -
 @pytest.mark.parametrize("workspace", [
     {"api_url": "http://127.0.0.1:9", "account_id": 1, "api_token": "t" * 20},
     {"api_url": "http://127.0.0.1:9/", "account_id": 1, "api_token": "t" * 20},
+    {"api_url": "http://LOCALHOST:80", "account_id": 1, "api_token": "t" * 20, "top": "http://localhost"},
 ])
 def test_two_workspaces_cannot_be_one_account(workspace: dict[str, object], clean_environment: pytest.MonkeyPatch) -> None:
     from dispatcher.errors import ConfigurationError
 
+    top = str(workspace.pop("top", "http://127.0.0.1:9"))
     with pytest.raises(ConfigurationError) as refused:
-        example_settings(api_url="http://127.0.0.1:9", workspaces={"north": workspace})
+        example_settings(api_url=top, workspaces={"north": workspace})
     assert "workspaces.north.account_id" in str(refused.value) and "t" * 20 not in str(refused.value)
 
 

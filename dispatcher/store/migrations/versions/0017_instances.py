@@ -3,7 +3,7 @@ messages from 1, so an account's rows name its instance and a message ID is one 
 
 ``instance`` is "default" (the top-level api_url's instance) on every existing row: before this
 revision every workspace was an account of that instance. An attempt's and an applied status's
-workspace is its notification's.
+workspace is its notification's. The downgrade refuses while rows of another instance exist.
 
 Revision ID: 0017
 Revises: 0016
@@ -60,6 +60,16 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The old keys cannot hold two instances' rows (the same account, contact or message ID twice):
+    # refuse, saying why, rather than fail half-way on a duplicate key.
+    bind = op.get_bind()
+    others = sum(bind.execute(sa.text(f"SELECT COUNT(*) FROM {table} WHERE instance <> 'default'")).scalar_one()
+                 for table in ACCOUNT_KEYED)
+    shared_ids = bind.execute(sa.text("SELECT COUNT(*) FROM (SELECT message_id FROM attempts WHERE message_id IS NOT "
+                                      "NULL GROUP BY message_id HAVING COUNT(*) > 1) AS twice")).scalar_one()
+    if others or shared_ids:
+        raise RuntimeError("revision 0017 cannot be undone while the store holds rows of workspaces on separate "
+                           "instances: the older keys cannot tell them apart")
     with op.batch_alter_table('attempts', schema=None) as batch_op:
         batch_op.drop_constraint('uq_attempts_workspace_message', type_='unique')
         batch_op.create_unique_constraint('uq_attempts_message_id', ['message_id'])
