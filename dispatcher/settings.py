@@ -398,6 +398,18 @@ class Settings(BaseSettings):
     def _base_url(cls, value: str) -> str:
         return _checked_base_url(value)
 
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, value: str) -> str:
+        """SQLite or PostgreSQL through psycopg 3 (the driver installed); postgresql:// means that."""
+        scheme, separator, rest = value.strip().partition("://")
+        if scheme in ("postgresql", "postgres"):
+            return f"postgresql+psycopg://{rest}"
+        if not separator or scheme not in ("sqlite", "postgresql+psycopg"):
+            raise ValueError("must be sqlite:///path/to/file.sqlite or postgresql+psycopg://user@host/database "
+                             "(the stores the dispatcher supports)")
+        return value.strip()
+
     @field_validator("api_token")
     @classmethod
     def _token_present(cls, value: SecretStr) -> SecretStr:

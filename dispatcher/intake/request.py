@@ -185,7 +185,7 @@ def parse_request(data: object) -> NotificationRequest:
 
 def _invalid_event(error: ValidationError) -> InvalidEvent:
     problem = error.errors(include_input=False, include_url=False)[0]
-    location = [str(part) for part in problem["loc"]]
+    location = _named_by_schema(problem["loc"])
     message = str(problem["msg"]).removeprefix("Value error, ")
     if problem["type"] == "missing":
         message = "is required"
@@ -196,3 +196,18 @@ def _invalid_event(error: ValidationError) -> InvalidEvent:
     if problem["type"] == "json_invalid":
         return InvalidEvent("body", "is not valid JSON")
     return InvalidEvent(".".join(location) or "body", message)
+
+
+# A key the host chose that reads as a name ("colour", "fax", "nested"), or a template parameter's
+# position ("1"): shown, so a typo can be found. Anything else (digits, "+", "@", spaces: a phone
+# number, an address, a piece of content) is not.
+_NAME_LIKE_KEY = re.compile(r"^(?:(?!.*\d{4})[A-Za-z][A-Za-z0-9_-]{0,31}|\d{1,2})$")
+
+
+def _named_by_schema(location: tuple[int | str, ...]) -> list[str]:
+    """The error's place as the request's own schema names it. A key the host chose (an unknown
+    field, a template parameter's or a metadata key's name) may be a phone number or a piece of
+    content: unless it reads as a name, it is named ``*`` (list positions are kept)."""
+    names = {*NotificationRequest.model_fields, *ContactDetails.model_fields, *TemplateChoice.model_fields, "[key]"}
+    return [str(part) if isinstance(part, int) or part in names or _NAME_LIKE_KEY.match(part) else "*"
+            for part in location]

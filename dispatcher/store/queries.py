@@ -271,10 +271,30 @@ def drop_payload_of_current(session: Session, notification_id: int, *, attempt_n
         exists().where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number)))
 
 
-def recent_notifications(session: Session, *, state: str | None = None, limit: int = 50) -> list[Notification]:
+@dataclass(frozen=True)
+class NotificationFilter:
+    """Which notifications an operator's list shows (every field optional: None matches all)."""
+
+    state: str | None = None
+    route: str | None = None
+    workspace: str | None = None
+    error_kind: str | None = None
+    since: datetime | None = None  # created at or after
+    before_id: int | None = None  # the page after the one whose last row this was (a cursor)
+
+
+def recent_notifications(session: Session, *, filters: NotificationFilter = NotificationFilter(),
+                         limit: int = 50) -> list[Notification]:
+    """Notifications matching ``filters``, newest first, at most ``limit``."""
     query = select(Notification).order_by(Notification.id.desc()).limit(limit)
-    if state is not None:
-        query = query.where(Notification.state == state)
+    for column, value in ((Notification.state, filters.state), (Notification.route, filters.route),
+                          (Notification.workspace, filters.workspace), (Notification.error_kind, filters.error_kind)):
+        if value is not None:
+            query = query.where(column == value)
+    if filters.since is not None:
+        query = query.where(Notification.created_at >= filters.since)
+    if filters.before_id is not None:
+        query = query.where(Notification.id < filters.before_id)
     return list(session.scalars(query))
 
 

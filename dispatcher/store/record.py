@@ -88,3 +88,28 @@ class NotificationRecord(BaseModel):
                 for attempt in attempts
             ],
         )
+
+
+class NotificationSummary(BaseModel):
+    """One line of an operator's list: what it is and where it stands, no content or contact data.
+    ``cursor`` asks for the page after it (``dispatcher list --before``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cursor: int
+    event_id: str
+    workspace: str
+    state: str
+    route: str
+    channel: str | None
+    message_id: int | None
+    error_kind: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, notification: Notification) -> NotificationSummary:
+        return cls(cursor=notification.id, event_id=notification.event_id, workspace=notification.workspace,
+                   state=notification.state, route=notification.route, channel=notification.channel,
+                   message_id=notification.message_id, error_kind=notification.error_kind,
+                   created_at=notification.created_at, updated_at=notification.updated_at)

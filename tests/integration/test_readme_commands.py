@@ -108,7 +108,7 @@ def test_config_check_commands(workdir: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert "configuration OK" in ok.stdout
     bad = _run(second, workdir, _environment())
-    assert bad.returncode == 2
+    assert bad.returncode == 3
     assert "error: DISPATCHER_ACCOUNT_ID (account_id): Input should be a valid integer" in bad.stderr
 
 

@@ -62,14 +62,14 @@ def test_a_bad_value_fails_naming_the_key(runner: CliRunner) -> None:
     result = runner.invoke(
         cli, ["config", "check"], env={"DISPATCHER_CONFIG": EXAMPLE, "DISPATCHER_ACCOUNT_ID": "abc"}
     )
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert "DISPATCHER_ACCOUNT_ID" in result.output
     assert "Traceback" not in result.output
 
 
 def test_a_missing_token_fails_naming_the_key(runner: CliRunner) -> None:
     result = runner.invoke(cli, ["config", "check"], env={"DISPATCHER_API_URL": "http://x", "DISPATCHER_ACCOUNT_ID": "1"})
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert "DISPATCHER_API_TOKEN" in result.output
 
 
@@ -85,13 +85,13 @@ def test_config_check_never_prints_a_password_in_a_url(runner: CliRunner) -> Non
     assert "broker_url: redis://:***@127.0.0.1:6379/0" in result.output
 
 
-def test_a_database_that_fails_ends_notify_with_one_line_and_status_3(runner: CliRunner, tmp_path: Path) -> None:
+def test_a_database_that_fails_ends_notify_with_one_line_and_status_4(runner: CliRunner, tmp_path: Path) -> None:
     request = tmp_path / "reminder.json"
     content = "Reminder: your HIV test result is ready"
     request.write_text(json.dumps(reminder("cli-db-down", identifier="p-1", phone="+15550199998", content=content)))
     env = {"DISPATCHER_CONFIG": EXAMPLE, "DISPATCHER_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/nowhere"}
     result = runner.invoke(cli, ["notify", "--file", str(request)], env=env)
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == 4, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the database failed the command (OperationalError)")
     assert "HIV" not in result.output and "+15550199998" not in result.output

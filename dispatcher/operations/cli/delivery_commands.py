@@ -8,10 +8,12 @@ never content), retries them after fixing the cause, or drops them for good.
 
 from __future__ import annotations
 
+import json
+
 import click
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.errors import DispatcherError
+from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
 from dispatcher.store import queries as store
 from dispatcher.store.db import session_factory, shared_engine
@@ -28,15 +30,23 @@ def _sessions() -> sessionmaker[Session]:
 
 @deliveries_group.command("list")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000), help="At most this many.")
-def list_deliveries_command(limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+def list_deliveries_command(limit: int, as_json: bool) -> None:
     """List the deliveries set aside: row ID, delivery ID, event, received, tries, last error.
 
     \b
-    Example:
+    Examples:
       dispatcher deliveries list
+      dispatcher deliveries list --json
     """
     with _sessions()() as session:
         rows = store.set_aside_deliveries(session, limit=limit)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps({"row": row.row_id, "delivery_id": row.delivery_id, "event": row.event,
+                                   "received_at": row.received_at.isoformat(), "tries": row.tries,
+                                   "last_error": row.last_error}))
+        return
     if not rows:
         click.echo("no delivery is set aside")
         return
@@ -78,4 +88,5 @@ def _report(done: str, asked: tuple[int, ...], changed: list[int]) -> None:
     click.echo(f"{done}: {', '.join(map(str, sorted(changed))) or 'none'}")
     missing = sorted(set(asked) - set(changed))
     if missing:
-        raise DispatcherError(f"not set aside (or no such row): {', '.join(map(str, missing))}")
+        click.echo(f"error: not set aside (or no such row): {', '.join(map(str, missing))}", err=True)
+        raise SystemExit(exits.FAILED)

@@ -1,9 +1,7 @@
 """``dispatcher``: the entry point, the command list, and how errors end a command.
 
-Any :class:`~dispatcher.errors.DispatcherError` ends the command with its message (which names
-the key or field at fault and never carries a secret) and exit status 2, instead of a traceback;
-a database error ends it with one line naming the error's class, and exit status 3
-(docs/operations.md lists the statuses).
+An error an operator can cause ends the command with one line and an exit status by its kind
+(:mod:`dispatcher.operations.cli.exits`; docs/operations.md lists them), never a traceback.
 """
 
 from __future__ import annotations
@@ -11,9 +9,8 @@ from __future__ import annotations
 import sys
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
-from dispatcher.errors import DispatcherError
+from dispatcher.operations.cli import exits
 from dispatcher.operations.cli.callback_commands import callbacks_group
 from dispatcher.operations.cli.config_commands import config_group, inboxes_command
 from dispatcher.operations.cli.delivery_commands import deliveries_group
@@ -32,27 +29,23 @@ from dispatcher.operations.cli.process_commands import beat_command, consumer_co
 from dispatcher.operations.cli.suppression_commands import suppressions_group
 from dispatcher.operations.cli.webhook_commands import receiver_command, webhooks_group
 
-EXIT_USAGE = 2
-
-
-EXIT_STORE = 3
-
 
 class _Dispatcher(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except DispatcherError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_USAGE)
-        except SQLAlchemyError as error:
-            # One line, the error's class only: a driver's message may quote the statement's text.
-            click.echo(f"error: the database failed the command ({type(error).__name__}); run it again once it "
-                       "answers (the same event is never stored twice)", err=True)
-            sys.exit(EXIT_STORE)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except Exception as error:
+            ending = exits.status_and_line(error)
+            if ending is None:
+                raise
+            status, line = ending
+            click.echo(line, err=True)
+            sys.exit(status)
 
 
-@click.group(cls=_Dispatcher, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Dispatcher, context_settings={"help_option_names": ["-h", "--help"]}, epilog=exits.STATUSES)
 @click.version_option(package_name="notification-dispatcher", prog_name="dispatcher")
 def cli() -> None:
     """Send business notifications through a messaging workspace, durably and once.

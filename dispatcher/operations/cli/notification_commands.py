@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING
 
 import click
 
 from dispatcher.errors import InvalidEvent, TooLate
+from dispatcher.lifecycle.states import NotificationState
+from dispatcher.operations.cli import exits
 from dispatcher.store.record import NotificationRecord
-
-EXIT_TOO_LATE = 1  # the notification is past the point where it can be cancelled or moved
 
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
@@ -86,7 +86,7 @@ def cancel_command(event_id: str) -> None:
     """Cancel a notification that is not sent yet: nothing of it is sent once this prints cancelled.
 
     Exit code 0 when it is cancelled (also when it was already), 1 when it is too late (a worker
-    has it, or it has ended; its state is printed), 2 when there is no such notification.
+    has it, or it has ended; its state is printed) or there is no such notification.
 
     \b
     Examples:
@@ -96,7 +96,7 @@ def cancel_command(event_id: str) -> None:
         record = _dispatcher().cancel(event_id)
     except TooLate as late:
         click.echo(f"{event_id}: too late to cancel: it is {late.state}", err=True)
-        sys.exit(EXIT_TOO_LATE)
+        sys.exit(exits.FAILED)
     click.echo(f"{record.event_id}: {record.state}")
 
 
@@ -106,8 +106,8 @@ def cancel_command(event_id: str) -> None:
 def reschedule_command(event_id: str, send_at: str) -> None:
     """Move a scheduled notification to SEND_AT (ISO 8601 with a time zone, in the future).
 
-    Exit code 0 when it is moved, 1 when it is no longer scheduled (its state is printed), 2 for
-    a time that is not one or no such notification.
+    Exit code 0 when it is moved, 1 when it is no longer scheduled (its state is printed) or there
+    is no such notification, 2 for a time that is not one.
 
     \b
     Examples:
@@ -121,7 +121,7 @@ def reschedule_command(event_id: str, send_at: str) -> None:
         record = _dispatcher().reschedule(event_id, when)
     except TooLate as late:
         click.echo(f"{event_id}: too late to reschedule: it is {late.state}", err=True)
-        sys.exit(EXIT_TOO_LATE)
+        sys.exit(exits.FAILED)
     assert record.send_at is not None
     click.echo(f"{record.event_id}: {record.state} for {record.send_at.isoformat()}")
 
@@ -138,8 +138,8 @@ def retry_command(event_id: str, source: IO[bytes] | None) -> None:
     decision stays made, so no second fallback follows. Its content was deleted when it failed:
     give the same request with --file. A notification set aside (its send task kept dying) runs
     again from where it was: fix the cause first (the worker's log says why it died); its next
-    run looks for a message the dying runs may have sent before it sends anything. Exit code 2
-    when it is neither, or does not exist, or the request is not the one handed over.
+    run looks for a message the dying runs may have sent before it sends anything. Exit code 1
+    when it is neither, or does not exist; 2 when the request is not the one handed over.
 
     \b
     Examples:
@@ -151,28 +151,56 @@ def retry_command(event_id: str, source: IO[bytes] | None) -> None:
     click.echo(f"{record.event_id}: retried; it is {record.state}, and a worker takes it within seconds")
 
 
+SINCE_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z"]
+
+
 @click.command("list")
-@click.option("--state", help="Only notifications in this state (queued, sent, delivered, read, failed, ...).")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def list_command(state: str | None, limit: int) -> None:
-    """List recent notifications, newest first.
+@click.option("--state", type=click.Choice([state.value for state in NotificationState]), help="Only this state.")
+@click.option("--route", help="Only this route.")
+@click.option("--workspace", help="Only this workspace (default: every one).")
+@click.option("--error", "error_kind", help="Only this error kind (auth, send_deadline, quiet_hours, ...).")
+@click.option("--since", type=click.DateTime(SINCE_FORMATS), help="Only those created since then (UTC unless it has an offset).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most this many.")
+@click.option("--before", "before", type=click.IntRange(min=1), help="The next page: the cursor the last page printed.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line (no header, no cursor line).")
+def list_command(state: str | None, route: str | None, workspace: str | None, error_kind: str | None,
+                 since: datetime | None, limit: int, before: int | None, as_json: bool) -> None:
+    """List notifications, newest first: event, workspace, state, route, channel, message,
+    error kind, and when each was created and last changed (UTC). Never content or contact data.
 
     \b
     Examples:
       dispatcher list
-      dispatcher list --state failed --limit 20
+      dispatcher list --state failed --since 2026-11-26 --limit 20
+      dispatcher list --route reminders --json
+      dispatcher list --before 4711          # the next page
     """
     from dispatcher.store import queries as store
+    from dispatcher.store.record import NotificationSummary
 
+    filters = store.NotificationFilter(state=state, route=route, workspace=workspace, error_kind=error_kind,
+                                       since=_utc(since) if since is not None else None, before_id=before)
     with _dispatcher().sessions() as session:
-        rows = store.recent_notifications(session, state=state, limit=limit)
-    for row in rows:
-        click.echo(
-            f"{row.event_id:<32} {row.state:<12} {row.route:<14} message={row.message_id or '-'}"
-            f" conversation={row.conversation_id or '-'} error={row.error_kind or '-'}"
-        )
+        rows = [NotificationSummary.of(row) for row in store.recent_notifications(session, filters=filters, limit=limit)]
+    if as_json:
+        for row in rows:
+            click.echo(row.model_dump_json())
+        return
     if not rows:
         click.echo("no notifications", err=True)
+        return
+    click.echo(f"{'event':<32} {'workspace':<10} {'state':<12} {'route':<14} {'channel':<18} {'message':>8} "
+               f"{'error':<16} {'created (UTC)':<19} {'updated (UTC)':<19}")
+    for row in rows:
+        click.echo(f"{row.event_id:<32} {row.workspace:<10} {row.state:<12} {row.route:<14} {row.channel or '-':<18} "
+                   f"{row.message_id or '-':>8} {row.error_kind or '-':<16} {row.created_at:%Y-%m-%d %H:%M:%S} "
+                   f"{row.updated_at:%Y-%m-%d %H:%M:%S}")
+    if len(rows) == limit:
+        click.echo(f"next page: --before {rows[-1].cursor}", err=True)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 @click.group("db")

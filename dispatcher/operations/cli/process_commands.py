@@ -10,10 +10,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from dispatcher.queues import MAINTENANCE_QUEUE, OUTCOMES_QUEUE, SEND_QUEUE
+
+if TYPE_CHECKING:
+    from dispatcher.settings import Settings
 
 
 @click.command("sandbox")
@@ -97,10 +101,20 @@ def _exec_celery(arguments: list[str]) -> None:
 def _prepare_metrics() -> None:
     """With metrics on, prefork children must write them where the main process sums them: the
     folder has to be known before any process imports prometheus_client."""
+    if _checked_settings().metrics_port is not None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatcher-metrics-")
+
+
+def _checked_settings() -> Settings:
+    """The settings, checked here, before Celery takes over the process: a bad key or a limiter
+    the workers would not share ends the command in one line (exit status 3), not in a traceback
+    inside Celery."""
+    from dispatcher.context import require_shared_limits
     from dispatcher.settings import load_settings
 
-    if load_settings().metrics_port is not None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatcher-metrics-")
+    settings = load_settings()
+    require_shared_limits(settings)
+    return settings
 
 
 @click.command("worker", context_settings=_PASS_THROUGH)
@@ -155,4 +169,5 @@ def beat_command(ctx: click.Context, loglevel: str) -> None:
     Example:
       dispatcher beat --schedule var/beat-schedule
     """
+    _checked_settings()
     _exec_celery(["beat", "--loglevel", loglevel, *ctx.args])

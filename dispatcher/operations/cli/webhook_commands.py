@@ -7,6 +7,7 @@ store; it is never logged and never written anywhere else.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from dispatcher.api import ApiError, Rejected, WorkspaceClient
+from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
 
 APP_FACTORY = "dispatcher.tracking.webhooks.receiver:app_from_environment"
@@ -45,6 +47,11 @@ def receiver_command(host: str, port: int, workers: int) -> None:
       dispatcher receiver --port 8080 --workers 2
     """
     settings = load_settings()  # fail now, naming the key, rather than in every worker
+    where = f"http://{host}:{port}"
+    click.echo(f"receiver listening on {where}: webhooks at {settings.webhook_path}"
+               + "".join(f", {settings.webhook_path}/{name}" for name in sorted(settings.workspaces))
+               + ("; HTTP intake at /v1/notifications" if settings.intake_tokens() else "")
+               + "; /healthz, /readyz, /metrics", err=True)
     # limit_concurrency: past it uvicorn answers 503 at once; timeout_keep_alive closes idle connections.
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, access_log=False,
                 log_level="warning", log_config=receiver_log_config(), server_header=False,
@@ -85,13 +92,40 @@ def register_command(ctx: click.Context, url: str, name: str | None) -> None:
                       " the secret it was registered with" if _registered(client, url)
                       else "check the URL (an http or https URL the workspace accepts)")
             click.echo(f"error: the workspace refused the webhook (HTTP {refusal.status_code}): {reason}", err=True)
-            raise SystemExit(1) from None
+            raise SystemExit(exits.FAILED) from None
     click.echo(f"webhook {webhook.id} registered for {', '.join(SUBSCRIPTIONS)}")
     if webhook.secret is None or not webhook.secret.get_secret_value():
         click.echo("error: the workspace returned no signing secret", err=True)
-        raise SystemExit(1)
+        raise SystemExit(exits.FAILED)
     click.echo("signing secret (shown once; add it to DISPATCHER_WEBHOOK_SECRETS, new first):")
     click.echo(webhook.secret.get_secret_value())
+
+
+@webhooks_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@click.pass_context
+def list_webhooks_command(ctx: click.Context, as_json: bool) -> None:
+    """List the workspace's webhook subscriptions: ID, URL and events (never a secret).
+
+    \b
+    Examples:
+      dispatcher webhooks list
+      dispatcher webhooks list --json
+    """
+    settings = load_settings()
+    transport = (ctx.obj or {}).get("transport")  # tests hand in an httpx transport
+    with WorkspaceClient.from_settings(settings, transport=transport) as client:
+        hooks = client.list_webhooks()
+    if as_json:
+        for hook in hooks:
+            click.echo(json.dumps({"id": hook.id, "url": hook.url, "subscriptions": list(hook.subscriptions)}))
+        return
+    if not hooks:
+        click.echo("no webhook is registered", err=True)
+        return
+    click.echo(f"{'id':>6}  {'events':<34} url")
+    for hook in hooks:
+        click.echo(f"{hook.id:>6}  {', '.join(hook.subscriptions):<34} {hook.url or '-'}")
 
 
 def _registered(client: WorkspaceClient, url: str) -> bool:

@@ -27,7 +27,7 @@ def test_a_worker_that_would_keep_limits_of_its_own_refuses_to_start(tmp_path: P
     dispatcher = Path(sys.executable).with_name("dispatcher")
     ended = subprocess.run([str(dispatcher), command, "--concurrency", "1"], env=environment, cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=120)
-    assert ended.returncode == 2
+    assert ended.returncode == 3
     # Celery may warn first (about running as root, here); the refusal is one line, and the last.
     errors = [line for line in ended.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: DISPATCHER_REDIS_URL (redis_url): is required"), ended.stderr

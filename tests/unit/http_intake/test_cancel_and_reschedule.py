@@ -135,7 +135,7 @@ def test_the_cancel_and_reschedule_commands_answer_in_one_line_with_exit_codes(
     late = runner.invoke(cli, ["reschedule", "appt-8", "2099-01-01T09:00:00+01:00"])
     assert (late.exit_code, late.output.strip()) == (1, "appt-8: too late to reschedule: it is cancelled")
     unknown = runner.invoke(cli, ["cancel", "no-such"])
-    assert (unknown.exit_code, unknown.output.strip()) == (2, "error: no notification with event_id 'no-such'")
+    assert (unknown.exit_code, unknown.output.strip()) == (1, "error: no notification with event_id 'no-such'")
 
 
 def test_the_examples_in_the_docs_work_as_written(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
