@@ -308,6 +308,11 @@ class Settings(BaseSettings):
     intake_max_backlog: int = Field(default=20_000, ge=0)
     intake_retry_after_s: int = Field(default=10, gt=0, le=3600)
 
+    # The operators' dashboard (`dispatcher dashboard`, docs/dashboard.md): its password; off while unset.
+    operator_token: SecretStr | None = None
+    # Flower's address, for the dashboard's link to it (unset: no link).
+    flower_url: str | None = None
+
     # HTTP to the workspace API. Reads and writes get the same budget: the real service
     # gives up on its own side well before 30 s.
     http_connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
@@ -417,11 +422,25 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("intake_token", "metrics_port", "hash_key", mode="before")
+    @field_validator("intake_token", "metrics_port", "hash_key", "operator_token", "flower_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # An empty variable (compose's ${VAR:-}) means "not set", not "set to nothing".
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("operator_token")
+    @classmethod
+    def _operator_token_long(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters (or unset, which turns the dashboard off)")
+        return value
+
+    @field_validator("flower_url")
+    @classmethod
+    def _flower_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/?#\s@]+(/[^?#\s]*)?$", value.strip()):
+            raise ValueError("must be an http(s) URL without credentials, query or fragment, e.g. http://127.0.0.1:5555")
+        return value.strip() if value is not None else None
 
     @field_validator("intake_token")
     @classmethod

@@ -90,6 +90,11 @@ class Breaker(Protocol):
         """A call got through; True when the breaker was open (the pause is over)."""
         ...
 
+    def peek(self) -> Pause | None:
+        """The pause while the breaker is open (its ``until`` may be past: a probe is due), else
+        None. Only reads: an onlooker (the dashboard) never takes the probe."""
+        ...
+
 
 class LocalBreaker:
     """One process's breaker (the embedded setup): thread-safe, nothing shared."""
@@ -126,6 +131,10 @@ class LocalBreaker:
             self._pause, self._trips, self._probe_until = None, 0, 0.0
             return was_open
 
+    def peek(self) -> Pause | None:
+        with self._lock:
+            return self._pause
+
 
 _TRIP_LUA = """
 local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
@@ -149,17 +158,15 @@ class RedisBreaker:
         self._trip = client.register_script(_TRIP_LUA)
 
     def gate(self) -> Pause | Probe | None:
-        fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until"])  # type: ignore[assignment]
-        if fields[2] is None:
+        pause = self.peek()
+        if pause is None:
             return None
-        reason, detail = (value.decode() if isinstance(value, bytes) else str(value) for value in fields[:2])
-        until = int(fields[2]) / 1000.0
         now = self._clock()
-        if now < until:
-            return Pause(reason, detail, until)
+        if now < pause.until:
+            return pause
         if self._client.set(self._probe_key, b"1", nx=True, px=int(PROBE_LEASE_S * 1000)):
             return Probe()
-        return Pause(reason, detail, now + PROBE_LEASE_S / 2)  # another worker is probing
+        return Pause(pause.reason, pause.detail, now + PROBE_LEASE_S / 2)  # another worker is probing
 
     def trip(self, reason: str, detail: str) -> tuple[Pause, bool]:
         jitter = self._rng.uniform(0.8, 1.0)
@@ -169,3 +176,10 @@ class RedisBreaker:
 
     def close(self) -> bool:
         return bool(self._client.delete(self._key, self._probe_key))
+
+    def peek(self) -> Pause | None:
+        fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until"])  # type: ignore[assignment]
+        if fields[2] is None:
+            return None
+        reason, detail = (value.decode() if isinstance(value, bytes) else str(value) for value in fields[:2])
+        return Pause(reason, detail, int(fields[2]) / 1000.0)

@@ -43,3 +43,15 @@ require_redis_server() {
   echo "redis-server is not installed (apt-get install redis-server): the tests start their own" >&2
   return 1
 }
+
+# Debian's Chromium, which Playwright drives in the dashboard's browser test (no browser download:
+# the machine's network reaches the package mirrors only). Installed once, when missing.
+ensure_chromium() {
+  command -v chromium >/dev/null && return 0
+  echo "chromium is not installed: installing Debian's package for the browser test (about a minute)" >&2
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { $sudo apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium >/dev/null; } \
+    || { echo "could not install chromium (apt-get install chromium)" >&2; return 1; }
+}

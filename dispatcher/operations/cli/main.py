@@ -13,6 +13,7 @@ import click
 from dispatcher.operations.cli import exits
 from dispatcher.operations.cli.callback_commands import callbacks_group
 from dispatcher.operations.cli.config_commands import config_group, inboxes_command
+from dispatcher.operations.cli.dashboard_command import dashboard_command
 from dispatcher.operations.cli.delivery_commands import deliveries_group
 from dispatcher.operations.cli.demo_command import demo_command
 from dispatcher.operations.cli.flower_command import flower_command
@@ -67,7 +68,7 @@ cli.add_command(config_group)
 cli.add_command(inboxes_command)
 for command in (notify_command, status_command, cancel_command, reschedule_command, retry_command, list_command, db_group,
                 worker_command, consumer_command, beat_command, receiver_command, webhooks_group, deliveries_group,
-                suppressions_group, callbacks_group, flower_command):
+                suppressions_group, callbacks_group, flower_command, dashboard_command):
     cli.add_command(command)
 
 

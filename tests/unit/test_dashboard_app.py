@@ -1,0 +1,91 @@
+"""The dashboard's pages without a browser: the operator token guards every page and action, a
+filter that is not one is answered 400 naming it, forms from elsewhere are refused, the command
+refuses to start without a token, and a timeline keeps the order of one instant's steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.errors import ConfigurationError
+from dispatcher.operations.cli import exits
+from dispatcher.operations.cli.main import cli
+from dispatcher.operations.dashboard.app import create_dashboard_app
+from dispatcher.policy.breaker import LocalBreaker
+from dispatcher.service import Dispatcher
+from tests.conftest import REPO_ROOT
+from tests.support.dispatcher_setup import example_settings, reminder
+from tests.unit.http_intake.conftest import TestClient
+
+TOKEN = "operator-token-0123456789"
+PHONE = "+15550477001"
+
+
+@pytest.fixture()
+def dashboard(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Dispatcher]]:
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=f"sqlite:///{tmp_path}/dash.sqlite")
+    dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer(), migrate=True)
+    breaker = LocalBreaker()
+    breaker.trip("auth", "the workspace refused the API token")
+    app = create_dashboard_app(dispatcher, token=TOKEN, breakers={"default": breaker, "north": LocalBreaker()})
+    with TestClient(app) as client:
+        yield client, dispatcher
+
+
+def test_every_page_and_action_needs_the_operator_token(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = dashboard
+    for path in ("/", "/notifications", "/notifications/x", "/set-aside"):
+        refused = client.get(path)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
+        assert client.get(path, auth=("operator", "not-the-token-at-all")).status_code == 401
+    assert client.post("/notifications/x/cancel", data={"form_token": "x"}).status_code == 401
+    assert client.get("/", auth=("anyone", TOKEN)).status_code == 200
+
+
+def test_the_overview_shows_the_paused_workspace(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, dispatcher = dashboard
+    dispatcher.notify(reminder("dash-unit-1", identifier="p-1", phone=PHONE))
+    page = client.get("/", auth=("operator", TOKEN))
+    assert "default" in page.text and "the workspace refused the API token" in page.text
+    assert "north</td>" not in page.text  # its breaker is closed
+    assert 'data-state="queued"' in page.text and PHONE not in page.text
+    assert page.headers["cache-control"] == "no-store" and "script-src" not in page.headers["content-security-policy"]
+
+
+def test_a_filter_that_is_not_one_is_answered_400_naming_it(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = dashboard
+    for query, field in (("state=bogus", "state:"), ("since=yesterday", "since:"), ("before=-3", "before:")):
+        answer = client.get(f"/notifications?{query}", auth=("operator", TOKEN))
+        assert answer.status_code == 400 and field in answer.text, query
+
+
+def test_a_form_from_elsewhere_changes_nothing(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, dispatcher = dashboard
+    dispatcher.notify({**reminder("dash-unit-2", identifier="p-2", phone=PHONE), "send_at": "2099-01-01T08:00:00+00:00"})
+    forged = client.post("/notifications/dash-unit-2/cancel", auth=("operator", TOKEN), data={"form_token": "guess"})
+    assert forged.status_code == 403 and dispatcher.status("dash-unit-2").state == "scheduled"
+    page = client.get("/notifications/dash-unit-2", auth=("operator", TOKEN))
+    token = page.text.split('name="form_token" value="')[1].split('"')[0]
+    done = client.post("/notifications/dash-unit-2/cancel", auth=("operator", TOKEN), data={"form_token": token},
+                       follow_redirects=False)
+    assert done.status_code == 303 and dispatcher.status("dash-unit-2").state == "cancelled"
+    assert client.get(done.headers["location"], auth=("operator", TOKEN)).text.count("Cancelled: nothing of it is sent") == 1
+
+
+def test_without_an_operator_token_there_is_no_dashboard(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=f"sqlite:///{tmp_path}/none.sqlite")
+    with pytest.raises(ConfigurationError, match="DISPATCHER_OPERATOR_TOKEN"):
+        create_dashboard_app(Dispatcher(settings, enqueuer=ListEnqueuer()), token=None)
+    result = CliRunner().invoke(cli, ["dashboard"], env={"DISPATCHER_CONFIG": str(REPO_ROOT / "config" /
+                                                                                  "dispatcher.example.toml")})
+    assert result.exit_code == exits.CONFIGURATION
+    assert result.output.strip() == ("error: DISPATCHER_OPERATOR_TOKEN (operator_token): is required to serve "
+                                     "the dashboard")
+    short = CliRunner().invoke(cli, ["dashboard"], env={"DISPATCHER_CONFIG": str(REPO_ROOT / "config" /
+                                                                                 "dispatcher.example.toml"),
+                                                        "DISPATCHER_OPERATOR_TOKEN": "short"})
+    assert short.exit_code == exits.CONFIGURATION and "short" not in short.output.replace("DISPATCHER_", "")
