@@ -14,7 +14,7 @@ COPY pyproject.toml README.md ./
 COPY dispatcher ./dispatcher
 COPY workers ./workers
 COPY sandbox ./sandbox
-RUN pip install . && rm -rf /src
+RUN pip install ".[tracing]" && rm -rf /src
 
 # A non-root user; its home is the working directory, so beat's schedule file is writable.
 RUN groupadd --system --gid 10001 dispatcher \

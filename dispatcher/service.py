@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from dispatcher import tracing
 from dispatcher.enqueue import CeleryEnqueuer, Enqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake import batch
@@ -31,6 +32,8 @@ class Dispatcher:
 
     def __init__(self, settings: Settings, *, enqueuer: Enqueuer | None = None, migrate: bool = False) -> None:
         self.settings = settings
+        if not tracing.enabled():  # the host's process starts each notification's trace (when on)
+            tracing.configure(settings, service="dispatcher-intake")
         if migrate:
             from dispatcher.store.migrate import upgrade_database
 

@@ -312,6 +312,9 @@ class Settings(BaseSettings):
     operator_token: SecretStr | None = None
     # Flower's address, for the dashboard's link to it (unset: no link).
     flower_url: str | None = None
+    # OpenTelemetry traces, one per notification, exported with OTLP over HTTP to this URL (for
+    # example http://127.0.0.1:4318/v1/traces; docs/tracing.md). Unset: no tracing at all.
+    otlp_endpoint: str | None = None
 
     # HTTP to the workspace API. Reads and writes get the same budget: the real service
     # gives up on its own side well before 30 s.
@@ -422,7 +425,8 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("intake_token", "metrics_port", "hash_key", "operator_token", "flower_url", mode="before")
+    @field_validator("intake_token", "metrics_port", "hash_key", "operator_token", "flower_url",
+                     "otlp_endpoint", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # An empty variable (compose's ${VAR:-}) means "not set", not "set to nothing".
@@ -434,6 +438,13 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value().strip()) < 16:
             raise ValueError("must be at least 16 characters (or unset, which turns the dashboard off)")
         return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/?#\s@]+(/[^?#\s]*)?$", value.strip()):
+            raise ValueError("must be an http(s) URL without credentials, e.g. http://127.0.0.1:4318/v1/traces")
+        return value.strip() if value is not None else None
 
     @field_validator("flower_url")
     @classmethod

@@ -7,13 +7,13 @@ import sys
 
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
+from dispatcher import tracing
 from dispatcher.api.client import quiet_http_logging
 from dispatcher.context import require_shared_limits
 from dispatcher.errors import ConfigurationError
+from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
 from dispatcher.store.db import dispose_after_fork
-
-EXIT_CONFIGURATION = 2  # as the command line's (docs/operations.md)
 
 
 @worker_init.connect
@@ -24,7 +24,7 @@ def _refuse_limits_of_its_own(**_: object) -> None:
         require_shared_limits(load_settings())
     except ConfigurationError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CONFIGURATION) from None
+        raise SystemExit(exits.CONFIGURATION) from None  # as the command line's (docs/operations.md)
 
 
 @worker_process_init.connect
@@ -33,6 +33,8 @@ def _after_fork(**_: object) -> None:
     dispose_after_fork()
     quiet_http_logging()
     logging.getLogger("dispatcher").setLevel(logging.INFO)
+    # After the fork: each child exports its own spans (a batch processor's thread does not fork).
+    tracing.configure(load_settings(), service="dispatcher-worker")
 
 
 @worker_ready.connect

@@ -28,6 +28,7 @@ from typing import Any, Self, TypeVar
 import httpx
 from pydantic import SecretStr
 
+from dispatcher import tracing
 from dispatcher.api.errors import ApiError, Context, UnexpectedResponse, map_errors
 from dispatcher.api.records import (
     ContactCreated,
@@ -177,9 +178,12 @@ class WorkspaceClient:
         response: httpx.Response | None = None
         crash_point("before", operation)
         try:
-            with map_errors(operation, context=context):
+            # The span names the operation and the status code only: a URL may hold a phone number.
+            with map_errors(operation, context=context), \
+                    tracing.child(f"workspace {operation}", {"dispatcher.operation": operation}) as span:
                 response = self._http.request(method, path, params=params, json=json)
                 crash_point("after", operation)  # the workspace did its part; the answer is lost with us
+                tracing.set_attribute(span, "http.response.status_code", response.status_code)
                 _log.debug("%s -> HTTP %s in %.0f ms", operation, response.status_code,
                            (time.monotonic() - started) * 1000)
                 response.raise_for_status()

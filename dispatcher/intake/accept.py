@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from dispatcher import tracing
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, EventSpent, InvalidEvent, UnknownNotification
 from dispatcher.intake.request import NotificationRequest, SendPayload
@@ -175,6 +176,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         workspace=settings.workspace_name,
         created_at=now,
         updated_at=now,
+        trace_parent=new_trace(request, settings),
     )
     if accepting:
         if notification.state == NotificationState.QUEUED:
@@ -184,6 +186,13 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
     with session.begin_nested():  # a racing twin's insert fails here without undoing the host's work
         store.add_notification(session, notification, payload_of(request))
     return notification, True
+
+
+def new_trace(request: NotificationRequest, settings: Settings) -> str | None:
+    """The new notification's trace (dispatcher.tracing): its root span, the hand-over; None while off."""
+    return tracing.start_trace("dispatcher.notification", {
+        "dispatcher.route": request.route, "dispatcher.workspace": settings.workspace_name,
+        "dispatcher.channel": settings.routes[request.route].channel.value})
 
 
 def accept(

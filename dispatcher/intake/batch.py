@@ -27,7 +27,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import EventConflict, EventSpent, InvalidEvent
-from dispatcher.intake.accept import accept, category_of, check_request, payload_of, scheduled_for, workspace_settings
+from dispatcher.intake.accept import (
+    accept,
+    category_of,
+    check_request,
+    new_trace,
+    payload_of,
+    scheduled_for,
+    workspace_settings,
+)
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.recipients.policy import needs_consent
@@ -193,6 +201,7 @@ def _row(item: _Valid, now: datetime) -> dict[str, Any]:
         "workspace": settings.workspace_name,
         # queued rows are published right after the commit, as accept() does; scheduled ones wait for the sweep
         "enqueued_at": now if send_at is None else None,
+        "trace_parent": new_trace(request, settings),
     }
 
 

@@ -198,10 +198,11 @@ def _invalid_event(error: ValidationError) -> InvalidEvent:
     return InvalidEvent(".".join(location) or "body", message)
 
 
-# A key the host chose that reads as a name ("colour", "fax", "nested"), or a template parameter's
-# position ("1"): shown, so a typo can be found. Anything else (digits, "+", "@", spaces: a phone
-# number, an address, a piece of content) is not.
-_NAME_LIKE_KEY = re.compile(r"^(?:(?!.*\d{4})[A-Za-z][A-Za-z0-9_-]{0,31}|\d{1,2})$")
+# A key the host chose that reads as a field name ("colour", "fax", "nested", "appointment_id": lower
+# case, at most four digits in all), or a template parameter's position ("1"): shown, so a typo can
+# be found. Anything else (a capital, five digits, "+", "@", spaces: a name, a phone number, an
+# address, a piece of content) is not.
+_NAME_LIKE_KEY = re.compile(r"^(?:(?!(?:.*\d){5})[a-z][a-z0-9_-]{0,31}|\d{1,2})$")
 
 
 def _named_by_schema(location: tuple[int | str, ...]) -> list[str]:

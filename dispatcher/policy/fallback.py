@@ -82,6 +82,12 @@ def parse_error_code(external_error: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def code_prefix(external_error: str) -> str:
+    """The part of a failure text that holds its leading code ("" when it has none)."""
+    match = _CODE.match(external_error)
+    return external_error[:match.end()] if match else ""
+
+
 def classify_failure(external_error: str | None, rules: FallbackRules, *, has_template: bool = True) -> FallbackVerdict:
     """The verdict for one failed message (table in the module docstring). ``has_template``: the
     request carries an approved template (131047 without one falls back: nothing else can go out)."""

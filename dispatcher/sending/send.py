@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from dispatcher import metrics
+from dispatcher import metrics, tracing
 from dispatcher.api import ApiError, Message, NotFound
 from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.errors import InvalidEvent
@@ -144,10 +144,22 @@ def send_notification(notification_id: int, ctx: SendContext) -> SendResult:
     ``max_countdown_s`` comes back ``deferred``: the caller keeps it as a due time, never as a
     broker countdown.
     """
-    result = _run(notification_id, ctx)
+    with tracing.continued(_trace_parent(notification_id, ctx), "dispatcher.send",
+                           {"dispatcher.notification_id": notification_id,
+                            "dispatcher.workspace": ctx.settings.workspace_name}) as span:
+        result = _run(notification_id, ctx)
+        tracing.set_attribute(span, "dispatcher.outcome", result.outcome.value)
     if result.outcome is Outcome.RETRY and not result.deferred and result.delay_s > ctx.plan.max_countdown_s:
         return replace(result, deferred=True)
     return result
+
+
+def _trace_parent(notification_id: int, ctx: SendContext) -> str | None:
+    """The notification's trace, read only while tracing is on (one small query a run)."""
+    if not tracing.enabled():
+        return None
+    with ctx.sessions() as session:
+        return store.trace_parent_of(session, notification_id)
 
 
 def _run(notification_id: int, ctx: SendContext) -> SendResult:

@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     SmallInteger,
@@ -70,6 +71,9 @@ class Notification(Base):
     """One business event, sent at most once per route: the host's view of it."""
 
     __tablename__ = "notifications"
+    # the operators' filters and counts (the dashboard, `dispatcher list`)
+    __table_args__ = (Index("ix_notifications_error_kind", "error_kind", "updated_at"),
+                      Index("ix_notifications_route", "route", "id"))
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     event_id: Mapped[str] = mapped_column(String(200), unique=True)
@@ -101,6 +105,8 @@ class Notification(Base):
     category: Mapped[str] = mapped_column(String(64), default="service", server_default="service")
     # the workspace it is sent through (docs/workspaces.md); "default": the top-level settings'
     workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default", index=True)
+    # its trace's W3C traceparent (dispatcher.tracing), while tracing is on: random IDs, no content
+    trace_parent: Mapped[str | None] = mapped_column(String(64))
 
 
 class Attempt(Base):
@@ -221,6 +227,8 @@ class WebhookDelivery(Base):
     """
 
     __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_message", "workspace", "message_id"),
+                      Index("ix_webhook_deliveries_outcome", "outcome"))
 
     id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     delivery_id: Mapped[str] = mapped_column(String(200), unique=True)
@@ -234,6 +242,7 @@ class WebhookDelivery(Base):
     tries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # consumer runs; set aside past a bound
     last_error: Mapped[str | None] = mapped_column(String(80))  # why the last run failed: an error class, no content
     workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default")  # whose webhook
+    message_id: Mapped[int | None] = mapped_column(BigInteger)  # the message it is about (the summary's), if any
 
 
 class AppliedStatus(Base):

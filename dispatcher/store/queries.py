@@ -320,6 +320,11 @@ def open_attempt(
                               now=now, columns=_ATTEMPT_COLUMNS)
 
 
+def trace_parent_of(session: Session, notification_id: int) -> str | None:
+    """The notification's stored trace context (dispatcher.tracing); None without one."""
+    return session.scalar(select(Notification.trace_parent).where(Notification.id == notification_id))
+
+
 def message_adopted_elsewhere(session: Session, workspace: str, message_id: int) -> bool:
     return session.scalar(select(func.count()).select_from(Attempt).where(
         Attempt.workspace == workspace, Attempt.message_id == message_id)) != 0

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dispatcher import metrics
+from dispatcher import metrics, tracing
 from dispatcher.api import ApiError
 from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
@@ -40,7 +40,7 @@ from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.settings import Route
 from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Notification
-from dispatcher.tracking.webhooks.events import EventSummary
+from dispatcher.tracking.webhooks.events import EventSummary, redacted_error
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,8 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
         status = message.status.value if message.status is not None else None
         news = status is not None and advance(AttemptState(state), attempt_state_from_status(status)) != state
         if listed_id == message_id or news:
-            found[listed_id] = Outcome(listed_id, status, message.external_error)
+            error = redacted_error(message.external_error) if message.external_error else None
+            found[listed_id] = Outcome(listed_id, status, error)
     return found, set(listed)
 
 
@@ -259,6 +260,7 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
                                     attempt_number=attempt.number, current=current, new=new,
                                     external_error=outcome.external_error, now=now, next_read_at=read_next):
             return "stale"  # a concurrent outcome moved it first; its own run carries on from there
+        _trace_outcome(session, attempt, outcome, new)
         if new in (AttemptState.DELIVERED, AttemptState.READ):
             # delivered: no other attempt can be needed any more (when it is the current one)
             store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
@@ -270,6 +272,15 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
     if purpose in AFTER_DECISION_PURPOSES:
         return end_fallback_after_external_failure(notification_id, outcome.external_error, ctx)
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
+
+
+def _trace_outcome(session: Session, attempt: Attempt, outcome: Outcome, new: AttemptState) -> None:
+    """The outcome, a step in the notification's trace (dispatcher.tracing), while tracing is on."""
+    if tracing.enabled():
+        tracing.mark(store.trace_parent_of(session, attempt.notification_id), "dispatcher.outcome", {
+            "dispatcher.notification_id": attempt.notification_id, "dispatcher.attempt": attempt.number,
+            "dispatcher.message_id": outcome.message_id, "dispatcher.state": new.value,
+            "dispatcher.status": outcome.status or "-"})
 
 
 def end_fallback_after_external_failure(notification_id: int, external_error: str | None, ctx: SendContext) -> str:

@@ -126,7 +126,7 @@ def _shows_nothing_sent(page: Page, filled: Store) -> None:
 def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: Store, tmp_path: Path) -> None:
     # Without the operator token nothing is shown, and a form from elsewhere is refused
     assert httpx.get(f"{dashboard}/notifications").status_code == 401
-    forged = httpx.post(f"{dashboard}/notifications/dash-scheduled/cancel", auth=("any", TOKEN),
+    forged = httpx.post(f"{dashboard}/notification/cancel?event=dash-scheduled", auth=("any", TOKEN),
                         data={"form_token": "not-ours"})
     assert forged.status_code == 403
     page = browser.new_context(http_credentials={"username": "operator", "password": TOKEN},
@@ -166,7 +166,7 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     _shows_nothing_sent(page, filled)
 
     # An action works: the scheduled one is cancelled, and nothing of it will be sent
-    page.goto("/notifications/dash-scheduled")
+    page.goto("/notification?event=dash-scheduled")
     page.click("#cancel")
     assert "Cancelled" in page.locator("#done").inner_text()
     assert page.locator("#state").inner_text() == "cancelled"

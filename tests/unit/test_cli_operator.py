@@ -140,3 +140,18 @@ def test_an_unreachable_workspace_is_status_4_and_a_refused_token_status_3(env: 
     refused = httpx.MockTransport(lambda request: httpx.Response(401, json={"error": "Invalid Access Token"}))
     token = run(["inboxes"], env, obj={"transport": refused})
     assert token.exit_code == exits.CONFIGURATION and "DISPATCHER_API_TOKEN" in one_error_line(token)
+
+
+def test_a_missing_embedded_store_is_a_wrong_path_not_a_new_empty_one(env: dict[str, str], tmp_path: Path) -> None:
+    missing = {**env, "DISPATCHER_DATABASE_URL": f"sqlite:///{tmp_path}/nowhere/cli.sqlite"}
+    for command in (["status", "evt-1"], ["list"], ["cancel", "evt-1"]):
+        result = run(command, missing)
+        assert result.exit_code == exits.CONFIGURATION
+        assert one_error_line(result).startswith("error: DISPATCHER_DATABASE_URL (database_url): names a SQLite file")
+    assert not (tmp_path / "nowhere").exists()
+    assert run(["db", "upgrade"], env).exit_code == exits.OK
+    assert run(["list", "--since", "24h"], env).exit_code == exits.OK  # hours back, as the dashboard takes them
+    huge = run(["list", "--before", "99999999999999999999"], env)
+    assert huge.exit_code == exits.USAGE and "Traceback" not in huge.output
+    ancient = run(["list", "--since", "0001-01-01T00:00:00+05:00"], env)
+    assert ancient.exit_code == exits.USAGE and "an ISO time" in ancient.output

@@ -389,7 +389,7 @@ def test_the_dockerfile_entrypoint_is_the_dispatcher_cli() -> None:
 def test_the_image_is_slim_python_and_runs_as_a_user() -> None:
     instructions = _dockerfile_instructions()
     assert instructions[0] == ("FROM", "python:3.11-slim")
-    assert any(keyword == "RUN" and re.search(r"\bpip install\b.*\s\.(\s|$)", rest) for keyword, rest in instructions)
+    assert any(keyword == "RUN" and re.search(r"\bpip install\b.*\s\"?\.(\[[a-z,]+\])?\"?(\s|$)", rest) for keyword, rest in instructions)
     users = [rest for keyword, rest in instructions if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
 

@@ -38,11 +38,11 @@ def dashboard(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> Iterator
 
 def test_every_page_and_action_needs_the_operator_token(dashboard: tuple[TestClient, Dispatcher]) -> None:
     client, _ = dashboard
-    for path in ("/", "/notifications", "/notifications/x", "/set-aside"):
+    for path in ("/", "/notifications", "/notification?event=x", "/set-aside"):
         refused = client.get(path)
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
         assert client.get(path, auth=("operator", "not-the-token-at-all")).status_code == 401
-    assert client.post("/notifications/x/cancel", data={"form_token": "x"}).status_code == 401
+    assert client.post("/notification/cancel?event=x", data={"form_token": "x"}).status_code == 401
     assert client.get("/", auth=("anyone", TOKEN)).status_code == 200
 
 
@@ -66,11 +66,11 @@ def test_a_filter_that_is_not_one_is_answered_400_naming_it(dashboard: tuple[Tes
 def test_a_form_from_elsewhere_changes_nothing(dashboard: tuple[TestClient, Dispatcher]) -> None:
     client, dispatcher = dashboard
     dispatcher.notify({**reminder("dash-unit-2", identifier="p-2", phone=PHONE), "send_at": "2099-01-01T08:00:00+00:00"})
-    forged = client.post("/notifications/dash-unit-2/cancel", auth=("operator", TOKEN), data={"form_token": "guess"})
+    forged = client.post("/notification/cancel?event=dash-unit-2", auth=("operator", TOKEN), data={"form_token": "guess"})
     assert forged.status_code == 403 and dispatcher.status("dash-unit-2").state == "scheduled"
-    page = client.get("/notifications/dash-unit-2", auth=("operator", TOKEN))
+    page = client.get("/notification?event=dash-unit-2", auth=("operator", TOKEN))
     token = page.text.split('name="form_token" value="')[1].split('"')[0]
-    done = client.post("/notifications/dash-unit-2/cancel", auth=("operator", TOKEN), data={"form_token": token},
+    done = client.post("/notification/cancel?event=dash-unit-2", auth=("operator", TOKEN), data={"form_token": token},
                        follow_redirects=False)
     assert done.status_code == 303 and dispatcher.status("dash-unit-2").state == "cancelled"
     assert client.get(done.headers["location"], auth=("operator", TOKEN)).text.count("Cancelled: nothing of it is sent") == 1
@@ -89,3 +89,30 @@ def test_without_an_operator_token_there_is_no_dashboard(tmp_path: Path, clean_e
                                                                                  "dispatcher.example.toml"),
                                                         "DISPATCHER_OPERATOR_TOKEN": "short"})
     assert short.exit_code == exits.CONFIGURATION and "short" not in short.output.replace("DISPATCHER_", "")
+
+
+def test_odd_event_ids_reach_their_own_page_and_a_link_cannot_bring_its_own_words(
+        dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, dispatcher = dashboard
+    for event_id in ("..", "a/cancel", "x?y=1&z#w"):
+        dispatcher.notify(reminder(event_id, identifier="p-odd", phone=PHONE))
+        listed = client.get("/notifications", params={"event": event_id}, auth=("operator", TOKEN)).text
+        link = listed.split('<td><a href="')[1].split('"')[0].replace("&amp;", "&")
+        page = client.get(link, auth=("operator", TOKEN))
+        assert page.status_code == 200 and f"Notification {event_id}".replace("&", "&amp;") in page.text, event_id
+    crafted = client.get("/notification", params={"event": "..", "done": "Call +15550199999 now"},
+                         auth=("operator", TOKEN))
+    assert "Call" not in crafted.text and 'id="done"' not in crafted.text
+
+
+def test_extreme_filters_are_refused_not_crashed_on(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, _ = dashboard
+    for query in ("since=99999999999h", "since=0001-01-01T00:00%2B05:00", "before=99999999999999999999"):
+        assert client.get(f"/notifications?{query}", auth=("operator", TOKEN)).status_code == 400, query
+
+
+def test_without_a_shared_breaker_the_overview_says_so(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=f"sqlite:///{tmp_path}/nob.sqlite")
+    app = create_dashboard_app(Dispatcher(settings, enqueuer=ListEnqueuer(), migrate=True), token=TOKEN)
+    with TestClient(app) as client:
+        assert "Circuit breaker not shown" in client.get("/", auth=("operator", TOKEN)).text

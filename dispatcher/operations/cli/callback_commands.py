@@ -9,7 +9,7 @@ import click
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.callbacks import outbox
-from dispatcher.errors import DispatcherError
+from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
 from dispatcher.store.db import session_factory, shared_engine
 from dispatcher.store.models import utcnow
@@ -82,6 +82,7 @@ def replay_callbacks_command(event_id: str) -> None:
     """
     with _sessions().begin() as session:
         replayed = outbox.replay(session, event_id, now=utcnow())
-    if not replayed:
-        raise DispatcherError(f"no callbacks for event_id {event_id!r}")
+    if not replayed:  # nothing to replay: what was asked about is not there (status 1)
+        click.echo(f"error: no callbacks for event_id {event_id!r}", err=True)
+        raise SystemExit(exits.FAILED)
     click.echo(f"{event_id}: {replayed} callback(s) due again")

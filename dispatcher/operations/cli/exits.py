@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from dispatcher.api import AccessDenied, ApiError
+from dispatcher.api import AccessDenied, ApiError, NotFound, Rejected
 from dispatcher.errors import ConfigurationError, DispatcherError, StateConflict, UnknownNotification
 
 OK = 0
@@ -41,6 +41,11 @@ def status_and_line(error: BaseException) -> tuple[int, str] | None:
     if isinstance(error, AccessDenied):
         return CONFIGURATION, (f"error: the workspace refused the API token ({error}); check DISPATCHER_API_TOKEN "
                                "(api_token) and DISPATCHER_ACCOUNT_ID (account_id)")
+    if isinstance(error, NotFound):
+        return CONFIGURATION, (f"error: the workspace has no such account or path ({error}); check DISPATCHER_API_URL "
+                               "(api_url) and DISPATCHER_ACCOUNT_ID (account_id)")
+    if isinstance(error, Rejected):
+        return FAILED, f"error: the workspace refused the request ({error})"
     if isinstance(error, ApiError):
         return UNREACHABLE, f"error: the workspace API failed the command ({error}); run it again once it answers"
     if isinstance(error, DispatcherError):

@@ -6,23 +6,39 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import click
 
-from dispatcher.errors import InvalidEvent, TooLate
+from dispatcher.errors import ConfigurationError, InvalidEvent, TooLate
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.cli import exits
+from dispatcher.operations.since import parse_since
 from dispatcher.store.record import NotificationRecord
 
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
 
 
-def _dispatcher() -> Dispatcher:
+def _dispatcher(*, stored: bool = True) -> Dispatcher:
+    """The configured dispatcher. ``stored``: the command reads or changes what is stored, so an
+    embedded store that does not exist is a wrong path, said in one line, not a new empty file."""
     from dispatcher.service import default_dispatcher
+    from dispatcher.settings import load_settings
 
+    if stored and not sqlite_file_exists(load_settings().database_url):
+        raise ConfigurationError("DISPATCHER_DATABASE_URL (database_url)", "names a SQLite file that does not exist "
+                                 "(nothing was handed over with this configuration yet, or the path is wrong)")
     return default_dispatcher()
+
+
+def sqlite_file_exists(database_url: str) -> bool:
+    """False only for a SQLite URL whose file is missing (any other store: True)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    return url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:") or Path(url.database).exists()
 
 
 @click.command("notify")
@@ -38,7 +54,7 @@ def notify_command(source: IO[bytes]) -> None:
       dispatcher notify --file reminder.json
       echo '{"event_id": "appt-42", ...}' | dispatcher notify --file -
     """
-    record = _dispatcher().notify(source.read())
+    record = _dispatcher(stored=False).notify(source.read())  # the first hand-over makes the embedded store
     click.echo(json.dumps({"event_id": record.event_id, "state": record.state}))
 
 
@@ -151,7 +167,16 @@ def retry_command(event_id: str, source: IO[bytes] | None) -> None:
     click.echo(f"{record.event_id}: retried; it is {record.state}, and a worker takes it within seconds")
 
 
-SINCE_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z"]
+class SinceParam(click.ParamType):  # type: ignore[type-arg]  # generic in click 8.2 only
+    name = "since"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return parse_since(str(value), now=datetime.now(UTC))
+        except ValueError as problem:
+            self.fail(str(problem), param, ctx)
 
 
 @click.command("list")
@@ -159,9 +184,11 @@ SINCE_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H
 @click.option("--route", help="Only this route.")
 @click.option("--workspace", help="Only this workspace (default: every one).")
 @click.option("--error", "error_kind", help="Only this error kind (auth, send_deadline, quiet_hours, ...).")
-@click.option("--since", type=click.DateTime(SINCE_FORMATS), help="Only those created since then (UTC unless it has an offset).")
+@click.option("--since", type=SinceParam(),
+              help="Only those created since: an ISO time (UTC unless it has an offset), or hours back (24h).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most this many.")
-@click.option("--before", "before", type=click.IntRange(min=1), help="The next page: the cursor the last page printed.")
+@click.option("--before", "before", type=click.IntRange(1, 2 ** 63 - 1),
+              help="The next page: the cursor the last page printed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line (no header, no cursor line).")
 def list_command(state: str | None, route: str | None, workspace: str | None, error_kind: str | None,
                  since: datetime | None, limit: int, before: int | None, as_json: bool) -> None:
@@ -179,7 +206,7 @@ def list_command(state: str | None, route: str | None, workspace: str | None, er
     from dispatcher.store.record import NotificationSummary
 
     filters = store.NotificationFilter(state=state, route=route, workspace=workspace, error_kind=error_kind,
-                                       since=_utc(since) if since is not None else None, before_id=before)
+                                       since=since, before_id=before)
     with _dispatcher().sessions() as session:
         rows = [NotificationSummary.of(row) for row in store.recent_notifications(session, filters=filters, limit=limit)]
     if as_json:
@@ -197,10 +224,6 @@ def list_command(state: str | None, route: str | None, workspace: str | None, er
                    f"{row.updated_at:%Y-%m-%d %H:%M:%S}")
     if len(rows) == limit:
         click.echo(f"next page: --before {rows[-1].cursor}", err=True)
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 @click.group("db")

@@ -105,15 +105,16 @@ def _prepare_metrics() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dispatcher-metrics-")
 
 
-def _checked_settings() -> Settings:
-    """The settings, checked here, before Celery takes over the process: a bad key or a limiter
-    the workers would not share ends the command in one line (exit status 3), not in a traceback
-    inside Celery."""
+def _checked_settings(*, sends: bool = True) -> Settings:
+    """The settings, checked here, before Celery takes over the process: a bad key, or a limiter
+    the workers would not share (``sends``: beat sends nothing), ends the command in one line
+    (exit status 3), not in a traceback inside Celery."""
     from dispatcher.context import require_shared_limits
     from dispatcher.settings import load_settings
 
     settings = load_settings()
-    require_shared_limits(settings)
+    if sends:
+        require_shared_limits(settings)
     return settings
 
 
@@ -169,5 +170,5 @@ def beat_command(ctx: click.Context, loglevel: str) -> None:
     Example:
       dispatcher beat --schedule var/beat-schedule
     """
-    _checked_settings()
+    _checked_settings(sends=False)
     _exec_celery(["beat", "--loglevel", loglevel, *ctx.args])

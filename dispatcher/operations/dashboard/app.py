@@ -4,8 +4,9 @@
   which workspaces the circuit breaker holds; a link to Flower.
 - ``/notifications``: the list, filtered by state, route, workspace, error kind, time and event
   ID, newest first, page by page.
-- ``/notifications/{event_id}``: one notification's record and timeline, with the actions that
-  apply (cancel one not sent yet, run one set aside again).
+- ``/notification?event=<event_id>``: one notification's record and timeline, with the actions
+  that apply (cancel one not sent yet, run one set aside again). The event ID travels in the query,
+  never the path: an ID such as ``..`` would be resolved away by the browser in a path.
 - ``/set-aside``: notifications and webhook deliveries set aside for an operator.
 
 Behind HTTP Basic authentication: any user name, the ``operator_token`` as password (the browser
@@ -20,10 +21,10 @@ import base64
 import binascii
 import hashlib
 import hmac
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from pydantic import SecretStr
@@ -38,6 +39,7 @@ from dispatcher.errors import ConfigurationError, DispatcherError, TooLate, Unkn
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.dashboard import reads
+from dispatcher.operations.since import parse_since
 from dispatcher.store import queries as store
 from dispatcher.store.record import NotificationRecord, NotificationSummary
 
@@ -45,6 +47,9 @@ TEMPLATES = Jinja2Templates(env=jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True))
 PAGE_SIZE = 50
 CANCELLABLE = {NotificationState.SCHEDULED.value, NotificationState.QUEUED.value}
+# What an action's answer page says: fixed texts by code, never words a link could bring in.
+DONE = {"cancelled": "Cancelled: nothing of it is sent.", "retried": "Handed to the workers again.",
+        "refused": "Not done: it is neither failed nor set aside, or its request is needed (dispatcher retry --file)."}
 _HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
             "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
                                        "form-action 'self'; frame-ancestors 'none'"}
@@ -93,8 +98,14 @@ def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flow
         def read() -> reads.Overview:
             with dispatcher.sessions() as session:
                 return reads.overview(session, now=datetime.now(UTC))
-        def held() -> list[reads.PausedWorkspace]:
-            pauses = [(name, breaker.peek()) for name, breaker in sorted((breakers or {}).items())]
+        def held() -> list[reads.PausedWorkspace] | str:
+            """The paused workspaces, or why they cannot be told."""
+            if breakers is None:
+                return "not shown: the workers share no breaker this page can read (no Redis)"
+            try:
+                pauses = [(name, breaker.peek()) for name, breaker in sorted(breakers.items())]
+            except Exception as error:  # the page still shows everything else
+                return f"unknown: Redis did not answer ({type(error).__name__})"
             return [reads.PausedWorkspace(name, pause.reason, pause.detail, datetime.fromtimestamp(pause.until, UTC))
                     for name, pause in pauses if pause is not None]
         return page(request, "overview.html", {"overview": await run_in_threadpool(read),
@@ -130,7 +141,7 @@ def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flow
                                                     "states": list(NotificationState), "next_page": next_page})
 
     async def notification(request: Request) -> Response:
-        event_id = str(request.path_params["event_id"])
+        event_id = request.query_params.get("event", "")
 
         def read() -> tuple[NotificationRecord, list[reads.TimelineEntry], bool] | None:
             with dispatcher.sessions() as session:
@@ -143,28 +154,33 @@ def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flow
         if found is None:
             return page(request, "missing.html", {"event_id": event_id}, 404)
         record, steps, set_aside = found
+        done = request.query_params.get("done")
+        said = DONE.get(done or "")
+        if done == "too_late" and request.query_params.get("state") in {state.value for state in NotificationState}:
+            said = f"Too late: it is {request.query_params['state']}."
         return page(request, "notification.html", {
             "record": record, "timeline": steps, "can_cancel": record.state in CANCELLABLE, "can_retry": set_aside,
-            "done": request.query_params.get("done"), "quoted": quote(event_id, safe="")})
+            "done": said, "query": urlencode({"event": event_id})})
 
     async def act(request: Request) -> Response:
-        event_id, action = str(request.path_params["event_id"]), str(request.path_params["action"])
+        event_id, action = request.query_params.get("event", ""), str(request.path_params["action"])
+        answer = {"event": event_id}
         try:
             if action == "cancel":
                 await run_in_threadpool(dispatcher.cancel, event_id)
+                answer["done"] = "cancelled"
             elif action == "retry":
                 await run_in_threadpool(dispatcher.retry, event_id)
+                answer["done"] = "retried"
             else:
                 return PlainTextResponse("no such action", status_code=404, headers=_HEADERS)
-            done = f"{action}_done"
         except TooLate as late:
-            done = f"too late: it is {late.state}"
+            answer["done"], answer["state"] = "too_late", late.state  # said on the page, not written
         except UnknownNotification:
             return page(request, "missing.html", {"event_id": event_id}, 404)
-        except DispatcherError as refused:
-            done = f"refused: {refused}"
-        return RedirectResponse(f"/notifications/{quote(event_id, safe='')}?{urlencode({'done': done})}",
-                                status_code=303, headers=_HEADERS)
+        except DispatcherError:
+            answer["done"] = "refused"
+        return RedirectResponse(f"/notification?{urlencode(answer)}", status_code=303, headers=_HEADERS)
 
     async def set_aside(request: Request) -> Response:
         def read() -> tuple[list[NotificationSummary], list[store.SetAsideDelivery]]:
@@ -177,8 +193,8 @@ def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flow
     return Starlette(routes=[
         Route("/", guarded(home), methods=["GET"]),
         Route("/notifications", guarded(notifications), methods=["GET"]),
-        Route("/notifications/{event_id:path}/{action:str}", guarded(act), methods=["POST"]),
-        Route("/notifications/{event_id:path}", guarded(notification), methods=["GET"]),
+        Route("/notification", guarded(notification), methods=["GET"]),
+        Route("/notification/{action:str}", guarded(act), methods=["POST"]),
         Route("/set-aside", guarded(set_aside), methods=["GET"]),
     ])
 
@@ -204,23 +220,18 @@ def _choice(value: str | None, allowed: list[str]) -> str | None:
 
 
 def _since(value: str | None) -> datetime | None:
-    """``since``: an ISO time (UTC unless it has an offset) or hours back, such as ``24h``."""
     if not value:
         return None
-    text = value.strip()
-    if text.endswith("h") and text[:-1].isdigit():
-        return datetime.now(UTC) - timedelta(hours=int(text[:-1]))
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError("since: an ISO time such as 2026-11-26T08:00, or hours back such as 24h") from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+        return parse_since(value, now=datetime.now(UTC))
+    except ValueError as problem:
+        raise ValueError(f"since: {problem}") from None
 
 
 def _positive(value: str | None) -> int | None:
     if not value:
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdigit() or not 1 <= int(value) < 2 ** 63:
         raise ValueError("before: the cursor of the previous page")
     return int(value)
 

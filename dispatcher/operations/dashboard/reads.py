@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
@@ -52,13 +52,13 @@ class TimelineEntry:
 
 def overview(session: Session, *, now: datetime) -> Overview:
     by_state = sorted(session.execute(select(Notification.state, func.count()).group_by(Notification.state)).tuples())
-    counts: dict[str, list[int]] = {}
-    for position, (_, span) in enumerate(ERROR_WINDOWS):
-        for kind, count in session.execute(
-                select(Notification.error_kind, func.count()).where(Notification.error_kind.is_not(None),
-                                                                    Notification.updated_at >= now - span)
-                .group_by(Notification.error_kind)).tuples():
-            counts.setdefault(str(kind), [0] * len(ERROR_WINDOWS))[position] = count
+    # One pass over the widest window (index on error kind and time), a count per window.
+    widest = max(span for _, span in ERROR_WINDOWS)
+    counts = {str(row[0]): [int(count or 0) for count in row[1:]] for row in session.execute(
+        select(Notification.error_kind,
+               *(func.sum(case((Notification.updated_at >= now - span, 1), else_=0)) for _, span in ERROR_WINDOWS))
+        .where(Notification.error_kind.is_not(None), Notification.updated_at >= now - widest)
+        .group_by(Notification.error_kind))}
     set_aside = session.scalar(select(func.count()).select_from(Notification)
                                .where(Notification.error_kind.in_(sorted(SET_ASIDE_KINDS)))) or 0
     deliveries = session.scalar(select(func.count()).select_from(WebhookDelivery)
@@ -124,13 +124,11 @@ def _attempt_steps(attempt: Attempt) -> list[TimelineEntry]:
 
 def _deliveries(session: Session, notification: Notification, messages: dict[int, int]) -> list[TimelineEntry]:
     """The webhook deliveries about the notification's messages (their summaries carry IDs only)."""
-    message_id = WebhookDelivery.summary["message_id"].as_integer()
     rows = session.execute(select(WebhookDelivery.received_at, WebhookDelivery.event, WebhookDelivery.outcome,
-                                  WebhookDelivery.summary["status"].as_string(), message_id)
+                                  WebhookDelivery.summary["status"].as_string(), WebhookDelivery.message_id)
                            .where(WebhookDelivery.workspace == notification.workspace,
-                                  WebhookDelivery.received_at >= notification.created_at,
-                                  message_id.in_(list(messages)))
+                                  WebhookDelivery.message_id.in_(list(messages)))
                            .order_by(WebhookDelivery.id).limit(TIMELINE_DELIVERIES)).tuples()
     return [TimelineEntry(received_at, f"webhook {event}",
-                          f"attempt {messages[message]}: {status or 'no status'}; {outcome or 'waiting'}")
+                          f"attempt {messages[message or 0]}: {status or 'no status'}; {outcome or 'waiting'}")
             for received_at, event, outcome, status, message in rows]

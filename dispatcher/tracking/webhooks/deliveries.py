@@ -47,7 +47,7 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
     for index, delivery in enumerate(deliveries):
         first.setdefault(delivery.delivery_id, index)
     rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at,
-             "workspace": d.workspace}
+             "workspace": d.workspace, "message_id": _message_id(d.summary)}
             for index, d in enumerate(deliveries) if first[d.delivery_id] == index]
     with sessions() as session:
         connection = session.connection()
@@ -61,6 +61,12 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
         session.commit()
     return [inserted.get(d.delivery_id) if first[d.delivery_id] == index else None
             for index, d in enumerate(deliveries)]
+
+
+def _message_id(summary: dict[str, Any]) -> int | None:
+    """The message the delivery is about (its column, indexed: a notification's page finds its webhooks)."""
+    value = summary.get("message_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class CeleryOutcomePublisher:

@@ -26,6 +26,7 @@ kept as ``event="other"`` with every field None, so the consumer can mark them i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from dispatcher.intake.request import E164
+from dispatcher.policy.fallback import code_prefix
 from dispatcher.recipients.keys import recipient_keys
 from dispatcher.recipients.keywords import keyword_of
 
@@ -132,7 +134,21 @@ def _external_error(payload: Mapping[str, Any]) -> str | None:
     error = payload.get("external_error")
     if not isinstance(error, str) or not error:
         error = _mapping(payload.get("content_attributes")).get("external_error")
-    return error[:ERROR_MAX_CHARS] if isinstance(error, str) and error else None
+    return redacted_error(error)[:ERROR_MAX_CHARS] if isinstance(error, str) and error else None
+
+
+# A provider's error text may quote the recipient ("The 'To' number +1 555 010 9999 is not valid", a
+# bounce naming the address): kept from here on (summaries, error_detail, callbacks, the dashboard),
+# so what looks like a number or an address is replaced; the leading error code is kept.
+_NUMBER_LIKE = re.compile(r"\+?\d(?:[\s().-]{0,2}\d){4,}")
+_ADDRESS_LIKE = re.compile(r"[^\s@'\"<>(),;:]+@[^\s@'\"<>(),;:]+")
+
+
+def redacted_error(text: str) -> str:
+    """``text`` with its error code kept and every number of five digits or more, or address, replaced."""
+    head = code_prefix(text)  # what the fallback rules read (dispatcher.policy.fallback)
+    rest = text[len(head):]
+    return head + _NUMBER_LIKE.sub("[number]", _ADDRESS_LIKE.sub("[address]", rest))
 
 
 def _contact_id(payload: Mapping[str, Any], conversation: Mapping[str, Any], *, incoming: bool) -> int | None:

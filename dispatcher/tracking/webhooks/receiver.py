@@ -48,6 +48,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dispatcher import tracing
 from dispatcher.errors import WebhookRejected
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
@@ -194,7 +195,9 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
 def app_from_environment() -> Starlette:
     """The zero-argument factory for ``uvicorn --factory``: settings from the environment."""
-    return create_receiver_app(load_settings())
+    settings = load_settings()
+    tracing.configure(settings, service="dispatcher-receiver")  # its HTTP intake starts notifications' traces
+    return create_receiver_app(settings)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -26,9 +26,11 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations import set_aside
-from dispatcher.operations.cli.main import EXIT_USAGE, cli
+from dispatcher.operations.cli import exits
+from dispatcher.operations.cli.main import cli
 from dispatcher.sending.send import Outcome, SendResult, send_notification
 from dispatcher.store import queries as store
+from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, utcnow
 from tests.support.dispatcher_setup import reminder
 from tests.support.sandbox_process import SandboxProcess
@@ -159,8 +161,9 @@ def test_the_retry_command_says_in_one_line_what_is_wrong(tmp_path: Path, clean_
     clean_environment.setattr(service, "_default", None)  # the command's dispatcher is this test's, and forgotten after
     env = {"DISPATCHER_CONFIG": str(Path(__file__).parents[3] / "config" / "dispatcher.example.toml"),
            "DISPATCHER_DATABASE_URL": f"sqlite:///{tmp_path}/cli.sqlite"}
+    upgrade_database(env["DISPATCHER_DATABASE_URL"])
     result = CliRunner().invoke(cli, ["retry", "no-such-event"], env=env)
-    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.exit_code == exits.FAILED, result.output
     assert result.output.strip().splitlines() == ["error: no notification with event_id 'no-such-event'"]
 
 

@@ -7,6 +7,7 @@ that the test waits seconds, not minutes, for the probe that lets everyone go on
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -93,9 +94,9 @@ def test_a_refused_token_pauses_every_worker_shows_why_and_resumes_when_it_is_fi
             wait_until(lambda: _waiting_with(dispatcher, events, "auth"), timeout_s=60, what="the reason on every notification")
             record = dispatcher.status(events[0])
             assert "DISPATCHER_API_TOKEN" in (record.error_detail or "") and WRONG_TOKEN not in (record.error_detail or "")
-            listed = subprocess.run([sys.executable, "-m", "dispatcher", "list", "--state", "queued"], env=env,
+            listed = subprocess.run([sys.executable, "-m", "dispatcher", "list", "--state", "queued", "--json"], env=env,
                                     capture_output=True, text=True, timeout=60, check=True).stdout
-            assert sum("error=auth" in line for line in listed.splitlines()) == len(events)
+            assert sum(json.loads(line)["error_kind"] == "auth" for line in listed.splitlines()) == len(events)
             # and the workers do not storm the workspace: a probe every few seconds at most
             before = sum(refusing.stats()["calls"].values())
             time.sleep(6.0)  # a window to count calls in, not a timing under test

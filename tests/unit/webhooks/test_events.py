@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dispatcher.policy.fallback import parse_error_code
 from dispatcher.tracking.webhooks.events import EventSummary, summarize
 
 from .conftest import CONTENT, PHONE, message_event
@@ -172,3 +173,16 @@ def test_a_stock_incoming_sender_without_type_is_the_contact() -> None:
 def test_an_outgoing_sender_without_type_is_not_taken_for_the_contact() -> None:
     got = summarize(message_event(sender={"id": 9, "name": "Agent"}))
     assert got is not None and got.contact_id == 33  # the conversation's contact, not the agent
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    ("21211: The 'To' number +1 555 010 9999 is not a valid phone number",
+     "21211: The 'To' number [number] is not a valid phone number"),
+    ("550 5.1.1 <jane.doe@example.org>: Recipient address rejected", "550 5.1.1 <[address]>: Recipient address rejected"),
+    ("(#131026) Message undeliverable to 15550109999", "(#131026) Message undeliverable to [number]"),
+    ("131047: Re-engagement message", "131047: Re-engagement message"),
+])
+def test_a_provider_s_error_keeps_its_code_and_loses_any_number_or_address(text: str, kept: str) -> None:
+    got = summary(status="failed", external_error=text).external_error
+    assert got == kept
+    assert parse_error_code(got) == parse_error_code(text)  # the fallback rules read the same code
