@@ -29,8 +29,8 @@ def _sessions() -> sessionmaker[Session]:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="At most this many.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def list_callbacks_command(status: str | None, limit: int, as_json: bool) -> None:
-    """List callbacks, newest first (ID, event, type, sequence, status, tries, last error), then
-    any paused URL (by its hash: a URL may hold a token) and why.
+    """List callbacks, newest first (ID, event, type, sequence, status, tries, when it occurred and
+    was delivered, last error), then any paused URL (by its hash: a URL may hold a token) and why.
 
     \b
     Examples:
@@ -40,15 +40,21 @@ def list_callbacks_command(status: str | None, limit: int, as_json: bool) -> Non
     with _sessions()() as session:
         rows = outbox.listed(session, status=status, limit=limit)
         endpoints = outbox.endpoints(session)
+    if rows and not as_json:
+        click.echo(f"{'webhook id':<12} {'event':<32} {'type':<24} {'seq':>4} {'status':<9} {'tries':>5} "
+                   f"{'occurred (UTC)':<19} {'delivered (UTC)':<19} last error")
     for row in rows:
         fields = {"webhook_id": f"msg_{row.id}", "event_id": row.event_id, "type": row.type, "sequence": row.sequence,
                   "status": row.status, "tries": row.tries, "last_error": row.last_error,
+                  "occurred_at": row.occurred_at.isoformat(),
+                  "delivered_at": row.delivered_at.isoformat() if row.delivered_at else None,
                   "next_try_at": row.next_try_at.isoformat() if row.next_try_at else None}
         if as_json:
             click.echo(json.dumps(fields))
         else:
-            click.echo(f"{fields['webhook_id']:<12} {row.event_id:<32} {row.type:<24} #{row.sequence:<3} {row.status:<9} "
-                       f"tries={row.tries} error={row.last_error or '-'}")
+            delivered = f"{row.delivered_at:%Y-%m-%d %H:%M:%S}" if row.delivered_at else "-"
+            click.echo(f"{fields['webhook_id']:<12} {row.event_id:<32} {row.type:<24} {row.sequence:>4} {row.status:<9} "
+                       f"{row.tries:>5} {row.occurred_at:%Y-%m-%d %H:%M:%S} {delivered:<19} {row.last_error or '-'}")
     if not rows and not as_json:
         click.echo("no callbacks", err=True)
     for endpoint in endpoints:

@@ -205,7 +205,7 @@ def test_the_callbacks_commands_list_resume_and_replay(tmp_path: Path, clean_env
     assert runner.invoke(cli, ["callbacks", "retry"]).output == "resumed 0 URL(s); 0 callback(s) due now\n"
     assert runner.invoke(cli, ["callbacks", "replay", "cb-cli"]).output == "cb-cli: 1 callback(s) due again\n"
     missing = runner.invoke(cli, ["callbacks", "replay", "nothing"])
-    assert (missing.exit_code, missing.output) == (2, "error: no callbacks for event_id 'nothing'\n")
+    assert (missing.exit_code, missing.output) == (1, "error: no callbacks for event_id 'nothing'\n")
 
 
 def test_the_examples_in_the_docs_work_as_written(clean_environment: pytest.MonkeyPatch) -> None:
