@@ -95,6 +95,13 @@ def _instance_url(api_url: str) -> str:
     return f"{scheme}://{host}{slash}{path}".rstrip("/")
 
 
+def _long_token(value: SecretStr | None, *, turns_off: str) -> SecretStr | None:
+    """A bearer token or password of ours: at least 16 characters, or unset (``turns_off`` is then off)."""
+    if value is not None and len(value.get_secret_value().strip()) < 16:
+        raise ValueError(f"must be at least 16 characters (or unset, which turns {turns_off} off)")
+    return value
+
+
 def _check_routes(routes: dict[str, Route], where: str) -> None:
     for name, route in routes.items():
         if not _NAME.match(name):
@@ -230,9 +237,7 @@ class Workspace(BaseModel):
     @field_validator("intake_token")
     @classmethod
     def _intake_token_long(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().strip()) < 16:
-            raise ValueError("must be at least 16 characters")
-        return value
+        return _long_token(value, turns_off="HTTP intake for this workspace")
 
     @field_validator("api_url")
     @classmethod
@@ -435,30 +440,20 @@ class Settings(BaseSettings):
     @field_validator("operator_token")
     @classmethod
     def _operator_token_long(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().strip()) < 16:
-            raise ValueError("must be at least 16 characters (or unset, which turns the dashboard off)")
-        return value
+        return _long_token(value, turns_off="the dashboard")
 
-    @field_validator("otlp_endpoint")
+    @field_validator("otlp_endpoint", "flower_url")
     @classmethod
-    def _otlp_endpoint(cls, value: str | None) -> str | None:
+    def _plain_http_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^/?#\s@]+(/[^?#\s]*)?$", value.strip()):
-            raise ValueError("must be an http(s) URL without credentials, e.g. http://127.0.0.1:4318/v1/traces")
-        return value.strip() if value is not None else None
-
-    @field_validator("flower_url")
-    @classmethod
-    def _flower_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/?#\s@]+(/[^?#\s]*)?$", value.strip()):
-            raise ValueError("must be an http(s) URL without credentials, query or fragment, e.g. http://127.0.0.1:5555")
+            raise ValueError("must be an http(s) URL without credentials, query or fragment, "
+                             "e.g. http://127.0.0.1:4318/v1/traces")
         return value.strip() if value is not None else None
 
     @field_validator("intake_token")
     @classmethod
     def _intake_token_present(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().strip()) < 16:
-            raise ValueError("must be at least 16 characters (or unset, which turns HTTP intake off)")
-        return value
+        return _long_token(value, turns_off="HTTP intake")
 
     @field_validator("callback_secrets")
     @classmethod

@@ -45,26 +45,28 @@ def test_postgres_schema_matches_the_models(fresh_postgres_url: str) -> None:
         engine.dispose()
 
 
-def _rows_before_instances(url: str) -> None:
-    """A database at 0016 with a workspace's sent attempt, its applied status and an opt-out."""
-    upgrade_database(url, "0016")
+def _execute(url: str, *statements: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(sa.text(
-                "INSERT INTO notifications (id, event_id, fingerprint, route, state, created_at, updated_at, workspace) "
-                "VALUES (7, 'e-7', 'f', 'sms', 'sent', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'north')"))
-            connection.execute(sa.text(
-                "INSERT INTO attempts (notification_id, number, purpose, route, channel, state, message_id, tries, "
-                "runs, claims, created_at, updated_at) "
-                "VALUES (7, 1, 'first', 'sms', 'sms', 'sent', 41, 0, 0, 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
-            connection.execute(sa.text(
-                "INSERT INTO applied_statuses (message_id, status, applied_at) VALUES (41, 'sent', CURRENT_TIMESTAMP)"))
-            connection.execute(sa.text(
-                "INSERT INTO suppressions (account_id, recipient_key, channel, category, reason, since) "
-                "VALUES (3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)"))
+            for statement in statements:
+                connection.execute(sa.text(statement))
     finally:
         engine.dispose()
+
+
+def _rows_before_instances(url: str) -> None:
+    """A database at 0016 with a workspace's sent attempt, its applied status and an opt-out."""
+    upgrade_database(url, "0016")
+    _execute(url,
+             "INSERT INTO notifications (id, event_id, fingerprint, route, state, created_at, updated_at, workspace) "
+             "VALUES (7, 'e-7', 'f', 'sms', 'sent', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'north')",
+             "INSERT INTO attempts (notification_id, number, purpose, route, channel, state, message_id, tries, "
+             "runs, claims, created_at, updated_at) "
+             "VALUES (7, 1, 'first', 'sms', 'sms', 'sent', 41, 0, 0, 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+             "INSERT INTO applied_statuses (message_id, status, applied_at) VALUES (41, 'sent', CURRENT_TIMESTAMP)",
+             "INSERT INTO suppressions (account_id, recipient_key, channel, category, reason, since) "
+             "VALUES (3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)")
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
@@ -101,13 +103,7 @@ def test_0017_is_undone_on_one_instance_and_refused_with_two(tmp_path: Path) -> 
     upgrade_database(url)
     command.downgrade(alembic_config(url), "0016")  # every row is the top-level instance's: it goes back
     upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.text(
-                "INSERT INTO suppressions (instance, account_id, recipient_key, channel, category, reason, since) "
-                "VALUES ('south', 3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)"))
-    finally:
-        engine.dispose()
+    _execute(url, "INSERT INTO suppressions (instance, account_id, recipient_key, channel, category, reason, since) "
+                  "VALUES ('south', 3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)")
     with pytest.raises(RuntimeError, match="separate instances"):
         command.downgrade(alembic_config(url), "0016")
