@@ -116,3 +116,18 @@ def test_without_a_shared_breaker_the_overview_says_so(tmp_path: Path, clean_env
     app = create_dashboard_app(Dispatcher(settings, enqueuer=ListEnqueuer(), migrate=True), token=TOKEN)
     with TestClient(app) as client:
         assert "Circuit breaker not shown" in client.get("/", auth=("operator", TOKEN)).text
+
+
+def test_a_store_that_does_not_answer_is_a_503_not_a_traceback(dashboard: tuple[TestClient, Dispatcher],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    client, dispatcher = dashboard
+
+    def down() -> None:
+        raise OperationalError("SELECT secret", {}, Exception("no route"))
+
+    monkeypatch.setattr(dispatcher, "sessions", down)
+    answer = client.get("/notifications", auth=("operator", TOKEN))
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+    assert answer.text == "the store did not answer (OperationalError); try again"

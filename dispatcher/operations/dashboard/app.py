@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from pydantic import SecretStr
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -90,7 +91,11 @@ def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flow
             if request.method == "POST":
                 if not hmac.compare_digest(await _form_token_of(request), form_token):
                     return PlainTextResponse("this form is not the dashboard's", status_code=403, headers=_HEADERS)
-            response: Response = await view(request)
+            try:
+                response: Response = await view(request)
+            except SQLAlchemyError as error:  # the class only: a driver's text may quote a statement
+                return PlainTextResponse(f"the store did not answer ({type(error).__name__}); try again",
+                                         status_code=503, headers={"Retry-After": "5", **_HEADERS})
             return response
         return endpoint
 
