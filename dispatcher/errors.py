@@ -35,6 +35,9 @@ class InvalidEvent(DispatcherError):
         super().__init__(f"{field}: {problem}")
 
 
+EXIT_CONFIGURATION = 3  # a process that stops on a ConfigurationError exits so (docs/operations.md)
+
+
 class ConfigurationError(DispatcherError):
     """A setting is missing or invalid. ``key`` is the environment variable or TOML key."""
 

@@ -10,8 +10,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from dispatcher import tracing
 from dispatcher.api.client import quiet_http_logging
 from dispatcher.context import require_shared_limits
-from dispatcher.errors import ConfigurationError
-from dispatcher.operations.cli import exits
+from dispatcher.errors import EXIT_CONFIGURATION, ConfigurationError
 from dispatcher.settings import load_settings
 from dispatcher.store.db import dispose_after_fork
 
@@ -24,7 +23,7 @@ def _refuse_limits_of_its_own(**_: object) -> None:
         require_shared_limits(load_settings())
     except ConfigurationError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(exits.CONFIGURATION) from None  # as the command line's (docs/operations.md)
+        raise SystemExit(EXIT_CONFIGURATION) from None  # as the command line's (docs/operations.md)
 
 
 @worker_process_init.connect

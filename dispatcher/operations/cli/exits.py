@@ -7,12 +7,12 @@ from __future__ import annotations
 from sqlalchemy.exc import SQLAlchemyError
 
 from dispatcher.api import AccessDenied, ApiError, NotFound, Rejected
-from dispatcher.errors import ConfigurationError, DispatcherError, StateConflict, UnknownNotification
+from dispatcher.errors import EXIT_CONFIGURATION, ConfigurationError, DispatcherError, StateConflict, UnknownNotification
 
 OK = 0
 FAILED = 1  # the thing asked about failed, came too late, or was not found
 USAGE = 2  # a mistake in the command or in the request it hands over
-CONFIGURATION = 3  # a setting is missing or wrong (the workspace refusing the token is one)
+CONFIGURATION = EXIT_CONFIGURATION  # a setting is missing or wrong (the workspace refusing the token is one)
 UNREACHABLE = 4  # the database, the broker or the workspace did not answer
 
 STATUSES = f"""\b
