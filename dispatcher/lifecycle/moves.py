@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
+from sqlalchemy import Row, and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
@@ -264,7 +264,7 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
         # message yet (a fallback's claim must not pair the first route's message with its own inbox).
         .values(state=sending, inbox_id=target.inbox_id, channel=target.channel,
                 conversation_id=target.conversation_id, message_id=None, accepted_at=None, updated_at=now,
-                enqueued_at=now, next_try_at=None)
+                enqueued_at=now, next_try_at=None, **_wait_over())
     )
     if _one_statement(session):
         taken = take_attempt.returning(ATTEMPTS.c.id).cte("taken")
@@ -319,6 +319,15 @@ def wait_for_workspace(session: Session, *, notification_id: int, attempt_id: in
 
 
 QUIET_HOURS = "quiet_hours"  # the error_kind of a notification waiting for its route's send window
+# Why a notification waited (a paused workspace, quiet hours): said until a claim ends the wait.
+WAITING_KINDS = frozenset({"auth", "unreachable", QUIET_HOURS})
+
+
+def _wait_over() -> dict[str, Any]:
+    """The notification's error columns once a claim ends its wait: a waiting reason goes, any other stays."""
+    waited = NOTIFICATIONS.c.error_kind.in_(sorted(WAITING_KINDS))
+    return {"error_kind": case((waited, None), else_=NOTIFICATIONS.c.error_kind),
+            "error_detail": case((waited, None), else_=NOTIFICATIONS.c.error_detail)}
 
 
 def wait_for_window(session: Session, *, notification_id: int, detail: str, now: datetime) -> None:

@@ -83,9 +83,23 @@ def test_a_fallback_decided_at_night_waits_for_its_route_s_window(
     assert (record.state, record.error_kind) == ("falling_back", "quiet_hours")
     assert record.error_detail is not None and "2026-11-27 07:00 UTC" in record.error_detail
     assert sandbox.messages_per_event()["evt-night-fallback"] == 0
-    # Then at 08:00 it goes, once, and the wait's reason is gone
+    # Then at 08:00 it goes, once, and the wait's reason is gone from the moment it is claimed
     clock.now = OPENING
-    assert drive(night_context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    from dispatcher import faults
+
+    claimed: list[tuple[str, str | None]] = []
+
+    def look(site: str, in_transaction: bool) -> None:  # at the createMessage call: the claim is committed
+        if site == "before createMessage":
+            record = intake.status(night_context.sessions, "evt-night-fallback")
+            claimed.append((record.state, record.error_kind))
+
+    previous = faults.install(look)
+    try:
+        assert drive(night_context, notification_id)[-1].outcome is Outcome.ACCEPTED
+    finally:
+        faults.install(previous)
+    assert claimed == [("falling_back", None)]
     sent = intake.status(night_context.sessions, "evt-night-fallback")
     assert (sent.error_kind, sent.channel) == (None, "sms")
     assert sandbox.messages_per_event()["evt-night-fallback"] == 1
