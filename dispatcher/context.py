@@ -131,15 +131,17 @@ def make_limiter(settings: Settings) -> Limiter:
     return RedisLimiter(redis.Redis.from_url(redis_url), limits_of(settings), key_prefix=f"dispatcher:rl:{scope}:")
 
 
-def make_breaker(settings: Settings) -> Breaker:
-    """Shared through Redis when there is one (as the limiter); per process in the embedded setup."""
+def make_breaker(settings: Settings, *, timeout_s: float | None = None) -> Breaker:
+    """Shared through Redis when there is one (as the limiter); per process in the embedded setup.
+    ``timeout_s``: how long a call to Redis may take (None: redis-py's default, no limit)."""
     plan = BreakerPlan(base_s=settings.breaker_base_s, cap_s=max(settings.breaker_cap_s, settings.breaker_base_s))
     redis_url = settings.limiter_redis_url
     if redis_url is None:
         return LocalBreaker(plan)
     import redis
 
-    return RedisBreaker(redis.Redis.from_url(redis_url), plan, key_prefix=_prefix("dispatcher:", settings))
+    client = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    return RedisBreaker(client, plan, key_prefix=_prefix("dispatcher:", settings))
 
 
 def _prefix(base: str, settings: Settings) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,23 +33,34 @@ ATTRIBUTES = frozenset({
 })
 
 _tracer: Tracer | None = None
+_provider: Any = None  # the SDK's TracerProvider while tracing is on: flushed by shutdown()
 
 
-def configure(settings: Settings, *, service: str, exporter: SpanExporter | None = None) -> bool:
-    """Turn tracing on in this process when ``settings.otlp_endpoint`` is set, or ``exporter`` is
-    given (tests: the SDK's in-memory exporter, spans exported as they end). True when on."""
-    global _tracer
-    if exporter is None and settings.otlp_endpoint is None:
-        return False
+def check_available(settings: Settings) -> None:
+    """ConfigurationError, naming the setting, when ``otlp_endpoint`` is set and the tracing
+    packages are not installed: said at start, in one line, not in every worker's log."""
+    if settings.otlp_endpoint is None:
+        return
     try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError:
         from dispatcher.errors import ConfigurationError
 
         raise ConfigurationError("DISPATCHER_OTLP_ENDPOINT (otlp_endpoint)", "needs the tracing packages: pip "
                                  "install 'notification-dispatcher[tracing]'") from None
+
+
+def configure(settings: Settings, *, service: str, exporter: SpanExporter | None = None) -> bool:
+    """Turn tracing on in this process when ``settings.otlp_endpoint`` is set, or ``exporter`` is
+    given (tests: the SDK's in-memory exporter, spans exported as they end). True when on."""
+    global _tracer, _provider
+    if exporter is None and settings.otlp_endpoint is None:
+        return False
+    check_available(settings)
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     if exporter is not None:
@@ -59,14 +69,22 @@ def configure(settings: Settings, *, service: str, exporter: SpanExporter | None
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
-    _tracer = provider.get_tracer("dispatcher")
+    _tracer, _provider = provider.get_tracer("dispatcher"), provider
     return True
+
+
+def shutdown() -> None:
+    """Export what the batch still holds and stop (a prefork child leaves with os._exit, so no
+    exit hook would run): tracing is off afterwards."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _tracer, _provider = None, None
 
 
 def disable() -> None:
     """Tracing off again (tests)."""
-    global _tracer
-    _tracer = None
+    shutdown()
 
 
 def enabled() -> bool:
@@ -121,16 +139,14 @@ def child(name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
         yield span
 
 
-def mark(trace_parent: str | None, name: str, attributes: Mapping[str, Any], *, started: datetime | None = None) -> None:
-    """A finished step in the notification's trace, from ``started`` (say, when a webhook was
-    received) until now: an outcome applied."""
+def mark(trace_parent: str | None, name: str, attributes: Mapping[str, Any]) -> None:
+    """A step in the notification's trace, as it happens (an outcome applied): a span of no length."""
     if _tracer is None or trace_parent is None:
         return
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     parent = TraceContextTextMapPropagator().extract({"traceparent": trace_parent})
-    start_ns = int(started.timestamp() * 1e9) if started is not None else None
-    _tracer.start_span(name, context=parent, attributes=_allowed(attributes), start_time=start_ns).end()
+    _tracer.start_span(name, context=parent, attributes=_allowed(attributes)).end()
 
 
 @contextmanager

@@ -20,7 +20,9 @@ def _refuse_limits_of_its_own(**_: object) -> None:
     # Before the pool starts: a worker that would not share the workspace's limits must not run.
     # Celery logs and swallows an Exception from a signal handler, so this ends the process itself.
     try:
-        require_shared_limits(load_settings())
+        settings = load_settings()
+        require_shared_limits(settings)
+        tracing.check_available(settings)
     except ConfigurationError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIGURATION) from None  # as the command line's (docs/operations.md)
@@ -46,6 +48,12 @@ def _serve_metrics(**_: object) -> None:
         from dispatcher.metrics import serve_worker_metrics
 
         serve_worker_metrics(settings.metrics_port, host=settings.metrics_host, sessions=runtime.send_context().sessions)
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_: object) -> None:
+    # A prefork child leaves with os._exit: the spans its batch still holds go out now or never.
+    tracing.shutdown()
 
 
 @worker_process_shutdown.connect

@@ -82,10 +82,16 @@ def parse_error_code(external_error: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+_CODE_ENDS = re.compile(r"^(?:[:)\]]|\s+(?:-\s+)?[A-Za-z]|\s*$)")
+
+
 def code_prefix(external_error: str) -> str:
-    """The part of a failure text that holds its leading code ("" when it has none)."""
+    """The part of a failure text that holds its leading code, when it reads as one (followed by
+    ":", ")", "]", a word or nothing): "" otherwise, as for "555 010 9999 ..." (a number, not a code)."""
     match = _CODE.match(external_error)
-    return external_error[:match.end()] if match else ""
+    if match is None or not _CODE_ENDS.match(external_error[match.end():]):
+        return ""
+    return external_error[:match.end()]
 
 
 def classify_failure(external_error: str | None, rules: FallbackRules, *, has_template: bool = True) -> FallbackVerdict:

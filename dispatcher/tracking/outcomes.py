@@ -231,8 +231,7 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
         status = message.status.value if message.status is not None else None
         news = status is not None and advance(AttemptState(state), attempt_state_from_status(status)) != state
         if listed_id == message_id or news:
-            error = redacted_error(message.external_error) if message.external_error else None
-            found[listed_id] = Outcome(listed_id, status, error)
+            found[listed_id] = Outcome(listed_id, status, message.external_error)
     return found, set(listed)
 
 
@@ -240,6 +239,8 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
                   mark_processed: MarkProcessed | None = None) -> str:
     """Move the attempt forward (never back), once per (message, status); decide on a failure.
     ``mark_processed``: see :func:`apply_event`."""
+    if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
+        outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
     workspace = ctx.settings.workspace_name

@@ -30,13 +30,15 @@ from tests.support.sandbox_process import free_port, running_sandbox
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 BLOCKS = [(path.name, block.strip()) for path in sorted((REPO_ROOT / "docs").glob("*.md"))
-          for block in re.findall(r"```sh\n(.*?)```", path.read_text(), flags=re.DOTALL)]
+          for block in re.findall(r"```(?:sh|bash|shell|console)\n(.*?)```", path.read_text(), flags=re.DOTALL)]
 
 NOT_RUN = {
     "benchmarks.md": "benchmarks run for minutes each; scripts/bench/all runs them, and "
                      "tests/unit/test_bench_hygiene.py checks each script's options",
     "embedded-broker.md": "a benchmark (scripts/bench/embedded_broker.py), run by scripts/bench/all",
     "chaos.md": "chaos runs take minutes; the README's test command runs tests/chaos itself",
+    "simulation.md": "thousands of seeds over every core, or mutation runs, for minutes to hours; the README's test "
+                     "command runs tests/simulation (its seeds, the regression seeds and the exhaustive worlds)",
     "tracing.md": "installs packages and exports to an OpenTelemetry collector this machine does not run; "
                   "tests/integration/tracking/test_traces.py checks one notification's trace",
 }
@@ -205,6 +207,7 @@ def test_the_http_intake_examples(workdir: Path, server: Start) -> None:
 
 def test_the_dashboard_example(workdir: Path, server: Start) -> None:
     port = free_port()
+    assert _run("dispatcher db upgrade", workdir, _environment()).returncode == 0  # a store to show
     [block] = _blocks("dashboard.md", "DISPATCHER_CONFIG=")
     command = " ".join(_lines(block)).replace("--port 8090", f"--port {port}")
     server(command, _environment(), ready=f"http://127.0.0.1:{port}/")

@@ -155,3 +155,15 @@ def test_a_missing_embedded_store_is_a_wrong_path_not_a_new_empty_one(env: dict[
     assert huge.exit_code == exits.USAGE and "Traceback" not in huge.output
     ancient = run(["list", "--since", "0001-01-01T00:00:00+05:00"], env)
     assert ancient.exit_code == exits.USAGE and "an ISO time" in ancient.output
+
+
+def test_tracing_asked_for_without_its_packages_is_a_configuration_mistake(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if the tracing extra were missing
+    traced = {**env, "DISPATCHER_OTLP_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}
+    for command in (["config", "check"], ["beat"]):
+        result = run(command, traced)
+        assert result.exit_code == exits.CONFIGURATION
+        assert one_error_line(result).startswith("error: DISPATCHER_OTLP_ENDPOINT (otlp_endpoint): needs the tracing")

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.callbacks import outbox
 from dispatcher.operations.cli import exits
+from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
 from dispatcher.store.db import session_factory, shared_engine
 from dispatcher.store.models import utcnow
@@ -21,7 +22,9 @@ def callbacks_group() -> None:
 
 
 def _sessions() -> sessionmaker[Session]:
-    return session_factory(shared_engine(load_settings().database_url))
+    database_url = load_settings().database_url
+    require_existing_store(database_url)
+    return session_factory(shared_engine(database_url))
 
 
 @callbacks_group.command("list")

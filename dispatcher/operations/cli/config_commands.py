@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
+from dispatcher import tracing
 from dispatcher.api import WorkspaceClient
 from dispatcher.operations.cli import exits
 from dispatcher.policy.routes import find_route_inbox
@@ -31,6 +32,7 @@ def config_check_command(as_json: bool) -> None:
       DISPATCHER_ACCOUNT_ID=abc dispatcher config check    # fails, naming the key (exit status 3)
     """
     settings = load_settings()
+    tracing.check_available(settings)  # tracing asked for, its packages missing: a configuration mistake
     if as_json:
         click.echo(json.dumps(_summary(settings)))
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dispatcher.errors import ConfigurationError
+from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
 
 APP_FACTORY = "dispatcher.operations.dashboard.app:app_from_environment"
@@ -29,6 +30,7 @@ def dashboard_command(host: str, port: int) -> None:
     settings = load_settings()  # fail now, naming the key
     if settings.operator_token is None:
         raise ConfigurationError("DISPATCHER_OPERATOR_TOKEN (operator_token)", "is required to serve the dashboard")
+    require_existing_store(settings.database_url)
     click.echo(f"dashboard listening on http://{host}:{port}/ (password: the operator token)", err=True)
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, access_log=False, log_level="warning",
                 server_header=False)

@@ -14,6 +14,7 @@ import click
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.operations.cli import exits
+from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
 from dispatcher.store import queries as store
 from dispatcher.store.db import session_factory, shared_engine
@@ -25,7 +26,9 @@ def deliveries_group() -> None:
 
 
 def _sessions() -> sessionmaker[Session]:
-    return session_factory(shared_engine(load_settings().database_url))
+    database_url = load_settings().database_url
+    require_existing_store(database_url)
+    return session_factory(shared_engine(database_url))
 
 
 @deliveries_group.command("list")

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import click
 
-from dispatcher.errors import ConfigurationError, InvalidEvent, TooLate
+from dispatcher.errors import InvalidEvent, TooLate
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.cli import exits
 from dispatcher.operations.since import parse_since
+from dispatcher.operations.stores import require_existing_store
 from dispatcher.store.record import NotificationRecord
 
 if TYPE_CHECKING:
@@ -27,18 +27,9 @@ def _dispatcher(*, stored: bool = True) -> Dispatcher:
     from dispatcher.service import default_dispatcher
     from dispatcher.settings import load_settings
 
-    if stored and not sqlite_file_exists(load_settings().database_url):
-        raise ConfigurationError("DISPATCHER_DATABASE_URL (database_url)", "names a SQLite file that does not exist "
-                                 "(nothing was handed over with this configuration yet, or the path is wrong)")
+    if stored:
+        require_existing_store(load_settings().database_url)
     return default_dispatcher()
-
-
-def sqlite_file_exists(database_url: str) -> bool:
-    """False only for a SQLite URL whose file is missing (any other store: True)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(database_url)
-    return url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:") or Path(url.database).exists()
 
 
 @click.command("notify")

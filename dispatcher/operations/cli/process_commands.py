@@ -109,12 +109,14 @@ def _checked_settings(*, sends: bool = True) -> Settings:
     """The settings, checked here, before Celery takes over the process: a bad key, or a limiter
     the workers would not share (``sends``: beat sends nothing), ends the command in one line
     (exit status 3), not in a traceback inside Celery."""
+    from dispatcher import tracing
     from dispatcher.context import require_shared_limits
     from dispatcher.settings import load_settings
 
     settings = load_settings()
     if sends:
         require_shared_limits(settings)
+    tracing.check_available(settings)
     return settings
 
 

@@ -13,13 +13,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from dispatcher.operations.stores import require_existing_store
+
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
 
 
-def _dispatcher() -> Dispatcher:
+def _dispatcher(*, stored: bool = True) -> Dispatcher:
+    """The configured dispatcher; ``stored``: the command reads what is stored, so a missing
+    embedded store is a wrong path (adding an opt-out may make it, as a first hand-over does)."""
     from dispatcher.service import default_dispatcher
+    from dispatcher.settings import load_settings
 
+    if stored:
+        require_existing_store(load_settings().database_url)
     return default_dispatcher()
 
 
@@ -72,7 +79,7 @@ def add_command(identifier: str | None, phone: str | None, email: str | None, ch
       dispatcher suppressions add --phone +15551234567 --channel sms
       dispatcher suppressions add --identifier patient-42 --category marketing
     """
-    added = _dispatcher().suppress(_recipient(identifier, phone, email), channel=channel, category=category)
+    added = _dispatcher(stored=False).suppress(_recipient(identifier, phone, email), channel=channel, category=category)
     click.echo(json.dumps({"added": added}))
 
 
@@ -126,6 +133,6 @@ def import_command(path: str) -> None:
       dispatcher suppressions import opt-outs.csv
     """
     began = time.monotonic()
-    report = _dispatcher().recipients.import_csv(path)
+    report = _dispatcher(stored=False).recipients.import_csv(path)
     click.echo(json.dumps({"rows": report.rows, "added": report.added,
                            "seconds": round(time.monotonic() - began, 2)}))

@@ -21,9 +21,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
@@ -41,8 +42,13 @@ from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.dashboard import reads
 from dispatcher.operations.since import parse_since
+from dispatcher.operations.stores import require_existing_store
+from dispatcher.policy.breaker import Breaker
 from dispatcher.store import queries as store
 from dispatcher.store.record import NotificationRecord, NotificationSummary
+
+if TYPE_CHECKING:
+    from dispatcher.service import Dispatcher
 
 TEMPLATES = Jinja2Templates(env=jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True))
@@ -56,8 +62,8 @@ _HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Po
                                        "form-action 'self'; frame-ancestors 'none'"}
 
 
-def create_dashboard_app(dispatcher: Any, *, token: SecretStr | str | None, flower_url: str | None = None,
-                         breakers: dict[str, Any] | None = None) -> Starlette:
+def create_dashboard_app(dispatcher: Dispatcher, *, token: SecretStr | str | None, flower_url: str | None = None,
+                         breakers: Mapping[str, Breaker] | None = None) -> Starlette:
     """The dashboard over ``dispatcher`` (a :class:`~dispatcher.service.Dispatcher`); ``token`` is
     the operator token (ConfigurationError when missing). ``breakers``: each workspace's circuit
     breaker, read without taking its probe (None: not shown)."""
@@ -249,7 +255,9 @@ def app_from_environment() -> Starlette:
     from dispatcher.settings import load_settings
 
     settings = load_settings()
-    breakers = ({name: make_breaker(settings.for_workspace(name)) for name in settings.workspace_names}
+    require_existing_store(settings.database_url)  # a wrong path is said, not served as an empty store
+    # A page waits a second at most for Redis, then says the breaker's state is unknown.
+    breakers = ({name: make_breaker(settings.for_workspace(name), timeout_s=1.0) for name in settings.workspace_names}
                 if settings.limiter_redis_url is not None else None)
     return create_dashboard_app(Dispatcher(settings, migrate=settings.database_url.startswith("sqlite")),
                                 token=settings.operator_token, flower_url=settings.flower_url, breakers=breakers)

@@ -140,7 +140,7 @@ def _external_error(payload: Mapping[str, Any]) -> str | None:
 # A provider's error text may quote the recipient ("The 'To' number +1 555 010 9999 is not valid", a
 # bounce naming the address): kept from here on (summaries, error_detail, callbacks, the dashboard),
 # so what looks like a number or an address is replaced; the leading error code is kept.
-_NUMBER_LIKE = re.compile(r"\+?\d(?:[\s().-]{0,2}\d){4,}")
+_NUMBER_LIKE = re.compile(r"\+?\d(?:[\s().-]{0,3}\d){4,}")
 _ADDRESS_LIKE = re.compile(r"[^\s@'\"<>(),;:]+@[^\s@'\"<>(),;:]+")
 
 

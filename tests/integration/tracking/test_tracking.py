@@ -561,3 +561,17 @@ def test_two_sweeps_at_once_read_each_attempt_back_once(
         assert len(reports) == 2
         assert sum(sum(report.reconciled.values()) for report in reports) == 8  # each attempt once, none twice
         assert {intake.status(first.sessions, f"trk-two-{p}-{n}").state for p in range(4) for n in range(2)} == {"read"}
+
+
+def test_a_provider_s_error_is_kept_without_the_number_it_quotes(context: SendContext, enqueuer: ListEnqueuer) -> None:
+    # Given a sent SMS whose failure text names the recipient's number (an outcome straight from
+    # the workspace's answer: recovery's adopted message or a read-back, as well as a webhook)
+    _send(context, reminder("trk-quoted", identifier="trk-pq", phone="+15550400002", route="sms"))
+    message_id = intake.status(context.sessions, "trk-quoted").message_id
+    assert message_id is not None
+    quoted = "21211: The 'To' number +1 555 040 0002 is not a valid phone number"
+    apply_event(_updated(message_id, "failed", quoted), context, enqueuer)
+    record = intake.status(context.sessions, "trk-quoted")
+    kept = " ".join(filter(None, [record.error_detail, record.fallback_reason,
+                                  *(attempt.error_detail for attempt in record.attempts)]))
+    assert "21211" in kept and "[number]" in kept and "555 040 0002" not in kept and "0400002" not in kept

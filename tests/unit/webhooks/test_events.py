@@ -178,11 +178,20 @@ def test_an_outgoing_sender_without_type_is_not_taken_for_the_contact() -> None:
 @pytest.mark.parametrize(("text", "kept"), [
     ("21211: The 'To' number +1 555 010 9999 is not a valid phone number",
      "21211: The 'To' number [number] is not a valid phone number"),
-    ("550 5.1.1 <jane.doe@example.org>: Recipient address rejected", "550 5.1.1 <[address]>: Recipient address rejected"),
     ("(#131026) Message undeliverable to 15550109999", "(#131026) Message undeliverable to [number]"),
     ("131047: Re-engagement message", "131047: Re-engagement message"),
+    ("131026 - Message undeliverable", "131026 - Message undeliverable"),
 ])
 def test_a_provider_s_error_keeps_its_code_and_loses_any_number_or_address(text: str, kept: str) -> None:
     got = summary(status="failed", external_error=text).external_error
     assert got == kept
     assert parse_error_code(got) == parse_error_code(text)  # the fallback rules read the same code
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    ("550 5.1.1 <jane.doe@example.org>: Recipient address rejected", "[number] <[address]>: Recipient address rejected"),
+    ("555 010 9999 unreachable", "[number] unreachable"),
+    ("555 - 0199 unreachable", "[number] unreachable"),
+])
+def test_leading_digits_that_do_not_read_as_a_code_are_a_number(text: str, kept: str) -> None:
+    assert summary(status="failed", external_error=text).external_error == kept
