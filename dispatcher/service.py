@@ -23,7 +23,7 @@ from dispatcher.operations import cancel as host_cancel
 from dispatcher.operations import retry as host_retry
 from dispatcher.recipients.controls import Recipient, Recipients
 from dispatcher.settings import Settings, load_settings
-from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.db import require_existing_store, session_factory, shared_engine
 from dispatcher.store.record import NotificationRecord
 
 
@@ -123,11 +123,16 @@ _default: Dispatcher | None = None
 _default_lock = threading.Lock()
 
 
-def default_dispatcher() -> Dispatcher:
+def default_dispatcher(*, stored: bool = False) -> Dispatcher:
+    """The process's dispatcher, from the environment's settings, made on first use. ``stored``:
+    the caller reads what is stored, so an embedded store whose file is missing is a wrong path
+    (ConfigurationError), not a new, empty store made there."""
     global _default
     with _default_lock:
         if _default is None:
             settings = load_settings()
+            if stored:
+                require_existing_store(settings.database_url)
             _default = Dispatcher(settings, migrate=settings.database_url.startswith("sqlite"))
         return _default
 

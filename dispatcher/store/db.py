@@ -11,6 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from dispatcher.errors import ConfigurationError
 from dispatcher.faults import crash_point
 
 # Text no store of ours can keep: PostgreSQL refuses a NUL, and UTF-8 cannot encode a lone UTF-16
@@ -105,3 +106,14 @@ def dispose_after_fork() -> None:
 def insert_for(session: Session) -> Any:
     """The dialect's INSERT (PostgreSQL's or SQLite's), the one with ON CONFLICT clauses."""
     return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+def require_existing_store(database_url: str) -> None:
+    """ConfigurationError when ``database_url`` names a SQLite file that does not exist: a command
+    that reads or changes what is stored would otherwise make an empty store at a wrong path and
+    answer as if nothing were there. Any other store is asked when used."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        raise ConfigurationError("DISPATCHER_DATABASE_URL (database_url)", "names a SQLite file that does not exist "
+                                 "(nothing was handed over with this configuration yet, or the path is wrong)")

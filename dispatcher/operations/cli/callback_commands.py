@@ -10,9 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.callbacks import outbox
 from dispatcher.operations.cli import exits
-from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
-from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.db import require_existing_store, session_factory, shared_engine
 from dispatcher.store.models import utcnow
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
+from dispatcher.store.db import require_existing_store
 
 APP_FACTORY = "dispatcher.operations.dashboard.app:app_from_environment"
 

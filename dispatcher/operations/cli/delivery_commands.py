@@ -14,10 +14,9 @@ import click
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.operations.cli import exits
-from dispatcher.operations.stores import require_existing_store
 from dispatcher.settings import load_settings
 from dispatcher.store import queries as store
-from dispatcher.store.db import session_factory, shared_engine
+from dispatcher.store.db import require_existing_store, session_factory, shared_engine
 
 
 @click.group("deliveries")

@@ -14,7 +14,6 @@ from dispatcher.errors import InvalidEvent, TooLate
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.cli import exits
 from dispatcher.operations.since import parse_since
-from dispatcher.operations.stores import require_existing_store
 from dispatcher.store.record import NotificationRecord
 
 if TYPE_CHECKING:
@@ -25,11 +24,8 @@ def _dispatcher(*, stored: bool = True) -> Dispatcher:
     """The configured dispatcher. ``stored``: the command reads or changes what is stored, so an
     embedded store that does not exist is a wrong path, said in one line, not a new empty file."""
     from dispatcher.service import default_dispatcher
-    from dispatcher.settings import load_settings
 
-    if stored:
-        require_existing_store(load_settings().database_url)
-    return default_dispatcher()
+    return default_dispatcher(stored=stored)
 
 
 @click.command("notify")

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dispatcher.operations.stores import require_existing_store
-
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
 
@@ -23,11 +21,8 @@ def _dispatcher(*, stored: bool = True) -> Dispatcher:
     """The configured dispatcher; ``stored``: the command reads what is stored, so a missing
     embedded store is a wrong path (adding an opt-out may make it, as a first hand-over does)."""
     from dispatcher.service import default_dispatcher
-    from dispatcher.settings import load_settings
 
-    if stored:
-        require_existing_store(load_settings().database_url)
-    return default_dispatcher()
+    return default_dispatcher(stored=stored)
 
 
 def _recipient(identifier: str | None, phone: str | None, email: str | None) -> dict[str, Any]:

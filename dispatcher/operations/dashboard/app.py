@@ -42,9 +42,9 @@ from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations.dashboard import reads
 from dispatcher.operations.since import parse_since
-from dispatcher.operations.stores import require_existing_store
 from dispatcher.policy.breaker import Breaker
 from dispatcher.store import queries as store
+from dispatcher.store.db import require_existing_store
 from dispatcher.store.record import NotificationRecord, NotificationSummary
 
 if TYPE_CHECKING:
