@@ -83,3 +83,17 @@ def test_a_zone_or_window_that_is_not_one_is_named(tmp_path: Path, clean_environ
     with pytest.raises(InvalidEvent) as refused:
         parse_request(request)
     assert refused.value.field == "contact.time_zone" and "Nowhere" not in str(refused.value)
+
+
+def test_the_example_in_the_docs_works_as_written(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
+    text = (REPO_ROOT / "docs" / "notifications.md").read_text()
+    example = tomllib.loads(text.split("## Quiet hours")[1].split("```toml\n")[1].split("```")[0])
+    routes = tomllib.loads((REPO_ROOT / "config" / "dispatcher.example.toml").read_text())["routes"]
+    settings = example_settings(api_url="http://127.0.0.1:9", database_url=f"sqlite:///{tmp_path}/doc.sqlite",
+                                routes={**routes, **example["routes"]}, default_time_zone=example["default_time_zone"])
+    sms = settings.routes["sms"]
+    assert (sms.send_window, sms.time_zone, settings.default_time_zone) == ("08:00-20:00", "Europe/Berlin",
+                                                                             "Europe/Berlin")
+    upgrade_database(settings.database_url)
+    dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer())
+    assert hand_over(dispatcher, "doc-night", NIGHT) == "scheduled 2026-11-27T07:00:00+00:00"  # 08:00 in Berlin
