@@ -145,6 +145,7 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     assert page.locator("#notifications tr[data-event]").count() == 5
     page.select_option("select[name=state]", "failed")
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the filtered page, whole
     assert [row.get_attribute("data-event") for row in page.locator("#notifications tr[data-event]").all()] \
         == ["dash-failed"]
     page.goto("/notifications?route=reminders&since=1h")
@@ -155,6 +156,7 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     # The timeline of the notification that fell back shows each step, in order
     page.goto("/notifications?event=dash-fell-back")
     page.click("text=dash-fell-back")
+    page.wait_for_load_state()
     steps = [row.inner_text().split("\t")[1] for row in page.locator("#timeline tr").all()[1:]]
     wanted = ["handed over", "attempt 1 opened", "attempt 1 claimed", "attempt 1 failed",
               "fallback decision: fallback", "attempt 2 opened", "attempt 2 claimed", "attempt 2 accepted"]
@@ -168,6 +170,7 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     # An action works: the scheduled one is cancelled, and nothing of it will be sent
     page.goto("/notification?event=dash-scheduled")
     page.click("#cancel")
+    page.wait_for_load_state()  # the answer page after the redirect
     assert "Cancelled" in page.locator("#done").inner_text()
     assert page.locator("#state").inner_text() == "cancelled"
     assert intake.status(filled.context.sessions, "dash-scheduled").state == "cancelled"
