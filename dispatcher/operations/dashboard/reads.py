@@ -52,7 +52,7 @@ class TimelineEntry:
 
 def overview(session: Session, *, now: datetime) -> Overview:
     by_state = sorted(session.execute(select(Notification.state, func.count()).group_by(Notification.state)).tuples())
-    # One pass over the widest window (index on error kind and time), a count per window.
+    # One pass over the widest window (the rows with an error kind, by its index), a count per window.
     widest = max(span for _, span in ERROR_WINDOWS)
     counts = {str(row[0]): [int(count or 0) for count in row[1:]] for row in session.execute(
         select(Notification.error_kind,

@@ -1,7 +1,7 @@
 """Operators (issue 16): a notification's W3C traceparent, so every process that works on it
 continues its one trace (random IDs only; NULL while tracing is off); the message a webhook
 delivery is about, as an indexed column, so one notification's page finds its webhooks; and the
-indexes the operators' filters and counts use (error kind by time, route, set-aside deliveries).
+indexes the operators' filters and counts use (error kind, route, set-aside deliveries).
 
 Existing deliveries keep a NULL message_id: their summaries still hold it.
 
@@ -26,7 +26,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('trace_parent', sa.String(length=64), nullable=True))
     with op.batch_alter_table('webhook_deliveries', schema=None) as batch_op:
         batch_op.add_column(sa.Column('message_id', sa.BigInteger(), nullable=True))
-    op.create_index('ix_notifications_error_kind', 'notifications', ['error_kind', 'updated_at'])
+    op.create_index('ix_notifications_error_kind', 'notifications', ['error_kind'])
     op.create_index('ix_notifications_route', 'notifications', ['route', 'id'])
     op.create_index('ix_webhook_deliveries_message', 'webhook_deliveries', ['workspace', 'message_id'])
     op.create_index('ix_webhook_deliveries_outcome', 'webhook_deliveries', ['outcome'])
