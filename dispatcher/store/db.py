@@ -117,3 +117,9 @@ def require_existing_store(database_url: str) -> None:
             and not Path(url.database).exists():
         raise ConfigurationError("DISPATCHER_DATABASE_URL (database_url)", "names a SQLite file that does not exist "
                                  "(nothing was handed over with this configuration yet, or the path is wrong)")
+
+
+def stored_sessions(database_url: str) -> sessionmaker[Session]:
+    """Sessions on a store that exists (see :func:`require_existing_store`): for a command that reads it."""
+    require_existing_store(database_url)
+    return session_factory(shared_engine(database_url))

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.callbacks import outbox
 from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
-from dispatcher.store.db import require_existing_store, session_factory, shared_engine
+from dispatcher.store.db import stored_sessions
 from dispatcher.store.models import utcnow
 
 
@@ -21,9 +21,7 @@ def callbacks_group() -> None:
 
 
 def _sessions() -> sessionmaker[Session]:
-    database_url = load_settings().database_url
-    require_existing_store(database_url)
-    return session_factory(shared_engine(database_url))
+    return stored_sessions(load_settings().database_url)
 
 
 @callbacks_group.command("list")

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
 from dispatcher.store import queries as store
-from dispatcher.store.db import require_existing_store, session_factory, shared_engine
+from dispatcher.store.db import stored_sessions
 
 
 @click.group("deliveries")
@@ -25,9 +25,7 @@ def deliveries_group() -> None:
 
 
 def _sessions() -> sessionmaker[Session]:
-    database_url = load_settings().database_url
-    require_existing_store(database_url)
-    return session_factory(shared_engine(database_url))
+    return stored_sessions(load_settings().database_url)
 
 
 @deliveries_group.command("list")
