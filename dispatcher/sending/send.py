@@ -264,16 +264,23 @@ def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, c
         route = ctx.settings.routes.get(route_name)
         attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
                                      channel=route.channel.value if route else "unknown", now=now)
+        error_kind, detail = pause.reason, f"past the send deadline: {pause.detail}"
+        if attempt.state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
+            # A run that claimed it died, or lost createMessage's answer: its message may exist, and
+            # the look for it is what the workspace's absence prevents. Ended as unknown, never a
+            # fallback (the outage world of the simulation, seed 30: a failed record and a fallback
+            # for a message the person had).
+            error_kind = OUTCOME_UNKNOWN
+            detail = f"an earlier try may have sent it and the workspace was away past the send deadline: {pause.detail}"
         moved = moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt.id,
                                    seen_claims=held.claims if held and held.attempt_id == attempt.id else None,
-                                   error_kind=pause.reason, detail=f"past the send deadline: {pause.detail}", now=now)
+                                   error_kind=error_kind, detail=detail, now=now)
     if moved:
-        detail = f"past the send deadline: {pause.detail}"
         if purpose in AFTER_DECISION_PURPOSES:
-            tracking.end_after_fallback_failed(notification_id, pause.reason, detail, ctx)
+            tracking.end_after_fallback_failed(notification_id, error_kind, detail, ctx)
         else:
-            tracking.decide_after_send_failure(notification_id, pause.reason, detail, ctx, ctx.enqueuer)
-    return SendResult(Outcome.FAILED, f"{pause.reason}: past the send deadline", paused=True)
+            tracking.decide_after_send_failure(notification_id, error_kind, detail, ctx, ctx.enqueuer)
+    return SendResult(Outcome.FAILED, f"{error_kind}: past the send deadline", paused=True)
 
 
 def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:

@@ -708,9 +708,14 @@ def start_delivery_run(session: Session, delivery_row_id: int) -> DeliveryRun | 
     return None if row is None else DeliveryRun(row.tries, dict(row.summary), row.received_at, row.last_error)
 
 
-def note_delivery_error(session: Session, delivery_row_id: int, *, error: str) -> None:
+def note_delivery_error(session: Session, delivery_row_id: int, *, error: str, spent_try: bool = True) -> None:
+    """Keep a failed run's error kind on the row; ``spent_try=False`` gives the run's try back
+    (the workspace was away: the delivery waits for it instead of running out of tries)."""
     deliveries = table_of(WebhookDelivery)
-    session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(last_error=error[:80]))
+    values: dict[str, object] = {"last_error": error[:80]}
+    if not spent_try:
+        values["tries"] = deliveries.c.tries - 1
+    session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(**values))
 
 
 def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:

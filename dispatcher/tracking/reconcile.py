@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
+from dispatcher.policy.breaker import pause_reason
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
 from dispatcher.tracking.webhooks.events import EventSummary
@@ -100,7 +101,8 @@ def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: Send
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
     """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent).
 
-    Each run counts a try on the row. A run that fails keeps the error's kind on the row and
+    Each run counts a try on the row, but for one that failed because the workspace was away (a
+    refused token, no connection), which gives it back. A run that fails keeps the error's kind on the row and
     raises (a Wait is retried soon by the task; anything else waits for the tracking sweep to
     publish the row again); past ``delivery_max_tries`` the delivery is set aside, with its reason,
     and never tried again: no single event can stop the consumer. Reconciliation still reads the
@@ -137,8 +139,13 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
         outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at, mark_processed=mark_processed)
                    if summary is not None else "ignored_unreadable")
     except Exception as error:
+        # A workspace that is away (a refused token, no connection) is no fault of the delivery: the
+        # run gives its try back, so that a STOP reply waits for the workspace's return (its route's
+        # inbox may need the inbox list) instead of being set aside and lost (the outage world of the
+        # simulation, seed 14).
+        spent = pause_reason(error) is None
         with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
-            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__)
+            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__, spent_try=spent)
         raise
     metrics.OUTCOMES.labels(result=outcome).inc()
     if not marked:

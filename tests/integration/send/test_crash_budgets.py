@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pydantic import SecretStr
 
 from dispatcher import faults, service
+from dispatcher.api import WorkspaceClient
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import StateConflict
@@ -197,3 +199,26 @@ def test_out_of_tries_with_no_earlier_claim_fails_without_a_read(context: SendCo
                                                                  context.plan.max_tries)
     assert sandbox.stats()["calls"].get("listMessages", 0) == 0
     assert _create_calls(sandbox) == 0
+
+
+def test_a_workspace_away_past_the_send_deadline_ends_a_dead_run_s_attempt_unknown_without_a_fallback(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a run that died right after createMessage reached the workspace (the message exists),
+    notification_id = _accept(context, "evt-away", "+15550300074")
+    assert isinstance(_deliver(context, notification_id, lambda point, _: point == "after createMessage"), str)
+    # and from then on a workspace that refuses the token, until past the send deadline
+    refused = context.settings.model_copy(update={"api_token": SecretStr("a-token-the-workspace-refuses")})
+    later = utcnow() + timedelta(seconds=context.settings.send_deadline_s + 60)
+    context.clock = lambda: later  # type: ignore[method-assign]
+    # When the next run cannot look for that message
+    with WorkspaceClient.from_settings(refused) as away:
+        context.api = away
+        result = send_notification(notification_id, context)
+    # Then the attempt ends outcome_unknown (the message may exist), and no fallback goes to the same
+    # person: the simulation's outage world found a fallback decided, and the record failed `auth`,
+    # for a message the person had
+    assert result.outcome is Outcome.FAILED, result.reason
+    record = intake.status(context.sessions, "evt-away")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "outcome_unknown", "none")
+    assert record.error_detail is not None and "may have sent it" in record.error_detail
+    assert _create_calls(sandbox) == 1

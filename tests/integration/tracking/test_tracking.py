@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from dispatcher.api import NotFound
+from dispatcher.api import NotFound, Unauthorized
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import accept as intake
@@ -26,10 +26,11 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations.cli.main import cli
+from dispatcher.recipients.keywords import normalise
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.account import Account
-from dispatcher.store.models import Attempt, WebhookDelivery
+from dispatcher.store.models import Attempt, Suppression, WebhookDelivery
 from dispatcher.tracking.outcomes import apply_event
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
@@ -437,6 +438,30 @@ def test_a_delivery_that_cannot_be_applied_is_set_aside_after_its_tries_and_the_
                                      env={"DISPATCHER_CONFIG": str(EXAMPLE_CONFIG),
                                           "DISPATCHER_DATABASE_URL": ctx.settings.database_url})
         assert refused.exit_code == 1 and "not set aside" in refused.output
+
+
+def test_a_stop_reply_waits_for_a_workspace_that_is_away_instead_of_being_set_aside(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    # The simulation's outage world found it: a STOP needs the inbox list (routes named by their
+    # inbox), and during an outage its delivery ran out of tries, was set aside, and the opt-out was lost.
+    stop = {"event": "message_created", "message_id": 900001, "message_type": "incoming", "inbox_id": 2,
+            "reply_keyword": normalise("STOP"), "sender_keys": ["key-of-the-sender"]}
+    for ctx in _context(sandbox, tmp_path, enqueuer, delivery_max_tries=2, api_token="a-token-the-workspace-refuses"):
+        (row_id,) = record_deliveries(ctx.sessions, [NewDelivery("stop-1", "message_created", stop, ctx.clock())])
+        assert row_id is not None
+        for _ in range(ctx.settings.delivery_max_tries + 3):  # past its tries: every run failed for the workspace
+            with pytest.raises(Unauthorized):
+                process_delivery(row_id, ctx, enqueuer)
+        with ctx.sessions() as session:
+            row = session.get(WebhookDelivery, row_id)
+            assert row is not None
+            assert (row.processed_at, row.tries, row.last_error) == (None, 0, "Unauthorized")  # waiting, and why
+    for ctx in _context(sandbox, tmp_path, enqueuer, delivery_max_tries=2):  # the token is right again
+        assert process_delivery(row_id, ctx, enqueuer) == "opted_out"
+        with ctx.sessions() as session:
+            suppressed = session.execute(sa.select(Suppression.recipient_key, Suppression.channel)).all()
+        assert [tuple(row) for row in suppressed] == [("key-of-the-sender", "sms")]
 
 
 def test_a_lost_delivery_is_published_again_at_most_once_per_grace_period(
