@@ -455,7 +455,8 @@ REASON_NEEDS_FAULT = {"rejected": "422", "not_found": "404"}
 
 def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
     found: list[Violation] = []
-    said_no = set(world.opted_out_at) | {index for index, _channel in world.stop_messages.values()}  # asked, at least
+    said_no = (set(world.opted_out_at) | {index for index, _channel in world.stop_messages.values()}  # asked, at least
+               | world.provider_opted_out)
     failed_events = {match.group(1) for m in messages if m.status == "failed"
                      and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None}
     met = world.memory.get("met", {})

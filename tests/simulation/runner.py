@@ -114,6 +114,16 @@ WORLDS: dict[str, WorldSpec] = {
     # or after their time comes, and cancelled: the sweep's release meets reschedules and cancels.
     "schedules": WorldSpec(notifications=3, faults=6, fault_rate=0.15, cancels=True, cancel_within_s=30,
                            scheduled=True, kind_count=6),
+    # Refusals by the provider that we learn of only from the message's failure: a template that
+    # fails after the 131047 resend (7), and numbers that replied STOP to the SMS provider before
+    # the run, as a fallback (8) or as the first route (9): 21610, an opt-out recorded from it.
+    "provider-refusals": WorldSpec(notifications=3, faults=4, fault_rate=0.1, kind_pool=(6, 7, 8, 9)),
+    # A workspace outage (every call refused 401, or never connecting) for half the send deadline
+    # or past it. The one world that changes a setting: send_deadline_s 300 s instead of a day, so
+    # that an outage past it takes 70 sweeps of simulated time, not 17,000; the moves and the
+    # branches it reaches are the same.
+    "outage": WorldSpec(notifications=3, faults=2, fault_rate=0.1, outage=True, kind_count=4,
+                        settings_changes=(("send_deadline_s", 300.0),)),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -228,6 +228,12 @@ class SimWorkspace(httpx.BaseTransport):
         with running(self.loop):
             self.sandbox.receive_message(conversation, content="Hello", age_s=age_s)
 
+    def provider_opted_out(self, *, name: str, phone_number: str, identifier: str) -> None:
+        """The contact replied STOP to the SMS provider before the run (before our receiver was
+        set up, or its report was lost): the provider refuses SMS to it (21610) and we never heard."""
+        self.sandbox.store.create_contact(1, name=name, phone_number=phone_number, email=None, identifier=identifier,
+                                          sms_opted_out=True)
+
     @property
     def service_window_s(self) -> float:
         return self.sandbox.config.behaviour.service_window_s

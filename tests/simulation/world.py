@@ -264,6 +264,13 @@ class HostEvent:
 
 
 @dataclass(frozen=True)
+class Outage:
+    start: float
+    end: float
+    fault: int  # the CALL_FAULTS entry every call meets meanwhile
+
+
+@dataclass(frozen=True)
 class WorldSpec:
     notifications: int = 5
     faults: int = 5
@@ -296,6 +303,12 @@ class WorldSpec:
     # host may move one before, as or after its time comes
     scheduled: bool = False
     scheduled_within_s: int = 30
+    kind_pool: tuple[int, ...] = ()  # the kinds the seed chooses among, when not the first kind_count
+    # A workspace outage: from a moment in the first 30 s, every call is refused (401) or never
+    # connects, for half the send deadline or past it; it spends no fault of the budget.
+    outage: bool = False
+    # Settings a world changes from the example configuration's, each with its reason in WORLDS.
+    settings_changes: tuple[tuple[str, float], ...] = ()
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -345,6 +358,8 @@ class World:
         self.main = greenlet.getcurrent()
         self.workspace = SimWorkspace(self.clock.time, self._call_fault)
         self.settings = settings(self.workspace.webhook_secret)
+        if spec.settings_changes:
+            self.settings = self.settings.model_copy(update=dict(spec.settings_changes))
         self.broker = Broker(self.settings.broker_visibility_timeout_s)
         self.engine = self._store(template)
         self.sessions = session_factory(self.engine, announce=True)  # the host's callbacks are written (host_told)
@@ -360,6 +375,8 @@ class World:
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
+        self.provider_opted_out: set[int] = set()  # recipients who replied STOP to the SMS provider before the run (kinds 8, 9)
+        self.outage = self._plan_outage()
         self.requests = [self._request(i) for i in range(spec.notifications)]
         self.handed_over: set[int] = set()
         self.webhook_copies: set[str] = set()
@@ -418,18 +435,39 @@ class World:
                         events.append(HostEvent(at, "reschedule", index))
         return sorted(events, key=lambda e: (e.at, e.index))  # stable: a hand-over before its cancel at the same moment
 
+    def _plan_outage(self) -> Outage | None:
+        """When the workspace is away, how, and for how long (the outage world)."""
+        if not self.spec.outage:
+            return None
+        start = self.clock.now + self.choices.pick(30)
+        fault = ("401", "connect error")[self.choices.pick(2)]
+        deadline = self.settings.send_deadline_s
+        length = (0.5 * deadline, deadline + 60.0, deadline + 600.0)[self.choices.pick(3)]
+        return Outage(start, start + length, CALL_FAULTS.index(fault))
+
     def _request(self, index: int) -> NotificationRequest:
         # 0, 1: WhatsApp with SMS fallback; 2: SMS; 3: WhatsApp refused -> fallback; 4: never confirmed
         # on either channel (the delivery deadline decides); 5: reached by neither (the fallback fails
         # too); 6: WhatsApp, to a patient whose last message's service window closes within milliseconds of
-        # the hand-over (free text may be refused with 131047: the approved template goes instead)
-        kind = self.spec.kinds[index] if self.spec.kinds else self.choices.pick(self.spec.kind_count)
-        prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX}.get(kind, "+1555100")
+        # the hand-over (free text may be refused with 131047: the approved template goes instead);
+        # 7: as 6, to a patient the platform refuses (the template fails too: the fallback goes);
+        # 8: WhatsApp refused -> SMS fallback to a number that replied STOP to the SMS provider before
+        # we knew it (the provider refuses it with 21610); 9: SMS to such a number
+        if self.spec.kinds:
+            kind = self.spec.kinds[index]
+        elif self.spec.kind_pool:
+            kind = self.spec.kind_pool[self.choices.pick(len(self.spec.kind_pool))]
+        else:
+            kind = self.choices.pick(self.spec.kind_count)
+        prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX, 7: "+1555010", 8: "+1555010"}.get(kind, "+1555100")
         phone = f"{prefix}{index:04d}"
         event_id = f"ev-{index}"
         if kind == 4:
             self.never_confirmed.add(event_id)
-        if kind == 6:
+        if kind in (8, 9):
+            self.provider_opted_out.add(index)
+            self.workspace.provider_opted_out(name="Patient", phone_number=phone, identifier=f"patient-{index}")
+        if kind in (6, 7):
             handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
             closes_in = handed_over_at - self.clock.now + WINDOW_CLOSE_STEP_S * self.choices.pick(WINDOW_CLOSE_STEPS)
             self.workspace.customer_wrote(name="Patient", phone_number=phone, identifier=f"patient-{index}",
@@ -442,7 +480,7 @@ class World:
             handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
             due = self.clock.utc() + timedelta(seconds=handed_over_at - self.clock.now + self.due_after[index])
             body["send_at"] = due.isoformat()
-        if kind == 2:
+        if kind in (2, 9):
             body["route"] = "sms"
         else:
             body |= {"route": "reminders", "fallback_route": "sms",
@@ -499,6 +537,9 @@ class World:
         kinds = len(CALL_FAULTS) - (0 if self.spec.refusals else REFUSAL_FAULTS)
         targeted = not self.spec.call_fault_operations or any(part in operation for part in self.spec.call_fault_operations)
         value = self._fault(kinds) if self.spec.call_faults and targeted else 0
+        if self.outage is not None and self.outage.start <= self.clock.now < self.outage.end:
+            value = self.outage.fault  # the workspace is away: every call meets it (no fault of the budget)
+            self.last_fault_at = self.clock.now
         node = self.running
         task = node.task if node is not None and node.task is not None and node.task.kind == SEND else None
         if value and task is not None:  # what its notification's reasons may cite
