@@ -29,6 +29,7 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   at the end, each notification's callbacks are numbered without a gap and only move forward.
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
   holds no phone number, no message content and no token: what an operator's log would show.
+* ``quiet_hours``: no message appears outside its route's send window (in the worlds that set one).
 * ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
   call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
@@ -128,7 +129,7 @@ def check(world: World) -> list[Violation]:
             else:
                 per_route[(match.group(1), message.inbox_id)] += 1
     for (event_id, inbox_id), count in per_route.items():
-        if count > 1:
+        if count > 1 + _retried_on(world, event_id, inbox_id):
             found.append(Violation("one_message", f"{event_id} has {count} messages in inbox {inbox_id}"))
     for (event_id, inbox_id), count in refused_free_text.items():
         if count > 1:
@@ -193,6 +194,15 @@ def check(world: World) -> list[Violation]:
     else:
         memory["all_ended_at"] = None
     return found
+
+
+def _retried_on(world: World, event_id: str, inbox_id: int) -> int:
+    """Retries the host asked for, each a deliberate message on the notification's own route."""
+    retries = world.retries.get(event_id, 0)
+    if not retries:
+        return 0
+    request = world.requests[int(event_id.split("-")[1])]
+    return retries if ROUTE_INBOX.get(request.route or "") == inbox_id else 0
 
 
 def _ended(n: _Row, world: World) -> bool:
@@ -304,7 +314,26 @@ def _on_time(world: World, messages: list) -> list[Violation]:
         if match and match.group(1) in due and due[match.group(1)] > now:
             found.append(Violation("on_time", f"{match.group(1)}: message {message.id} sent "
                                    f"{(due[match.group(1)] - now).total_seconds():.1f} s before its time"))
+        if match and not _within_quiet_hours(world, message.inbox_id, now):
+            found.append(Violation("quiet_hours", f"{match.group(1)}: message {message.id} sent at "
+                                   f"{now:%H:%M:%S}, outside its route's send window"))
     return found
+
+
+# The product checks the window when a run claims the attempt; its createMessage call follows
+# within a few steps (a millisecond each), so a message may appear just after the window closed.
+WINDOW_SLACK_S = 1.0
+
+
+def _within_quiet_hours(world: World, inbox_id: int, now: datetime) -> bool:
+    """Whether a message in ``inbox_id`` may appear now: its route's send window ("HH:MM-HH:MM",
+    UTC, read here from the world's spec, not through the product's parser) holds ``now``."""
+    window = dict(world.spec.route_windows).get(next((r for r, i in ROUTE_INBOX.items() if i == inbox_id), ""))
+    if window is None:
+        return True
+    start, end = ([int(part) for part in bound.split(":")] for bound in window.split("-"))
+    second = now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6
+    return start[0] * 3600 + start[1] * 60 <= second < end[0] * 3600 + end[1] * 60 + WINDOW_SLACK_S
 
 
 def _host_told(world: World) -> list[Violation]:

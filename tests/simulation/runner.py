@@ -124,6 +124,16 @@ WORLDS: dict[str, WorldSpec] = {
     # branches it reaches are the same.
     "outage": WorldSpec(notifications=3, faults=2, fault_rate=0.1, outage=True, kind_count=4,
                         settings_changes=(("send_deadline_s", 300.0),)),
+    # A host that retries each failed notification once, 30 s after it failed (the real retry:
+    # a new attempt on its own route, no second fallback), among refusals and provider opt-outs.
+    "retries": WorldSpec(notifications=3, faults=8, fault_rate=0.2, refusals=True, kind_pool=(0, 2, 3, 5, 8, 9),
+                         host_retries=True),
+    # Quiet hours, as a clinic sets them (the clock starts at 08:00 UTC): the platform route opens
+    # at 08:01, so every hand-over waits for it; the SMS route sends from 08:02 to 08:03 only, so a
+    # refused first route's fallback waits for it, and a deadline's fallback (at 08:15) finds its
+    # next opening past the send deadline and fails saying so.
+    "quiet-hours": WorldSpec(notifications=3, faults=4, fault_rate=0.1, kind_count=6,
+                             route_windows=(("reminders", "08:01-20:00"), ("sms", "08:02-08:03"))),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

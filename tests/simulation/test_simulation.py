@@ -48,12 +48,12 @@ def test_contended_worlds_keep_every_promise() -> None:
 
 @pytest.mark.parametrize(("world", "seeds"), [("refusals", 40), ("opt-outs", 40), ("lost-answers", 60), ("crash-loop", 4),
                                               ("cancels", 40), ("schedules", 20), ("provider-refusals", 20),
-                                              ("outage", 12)])
+                                              ("outage", 12), ("retries", 20), ("quiet-hours", 20)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
-    workspace outage past the send deadline (docs/simulation.md): seeds apart from the mutation
-    selection's."""
+    workspace outage past the send deadline, a host's retries, quiet hours (docs/simulation.md):
+    seeds apart from the mutation selection's."""
     for seed in range(100, 100 + seeds):
         outcome = run(WORLDS[world], seed=seed, keep_trace=False)
         assert outcome.ok, f"{world} seed {seed}: {outcome.violations[0]}; replay: {_replay(world, seed)}"
@@ -104,6 +104,8 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert "unreachable: past the send deadline" in trace("outage", 21)
     assert "outcome_unknown: past the send deadline" in trace("outage", 30)
     assert "auth: past the send deadline" in trace("outage", 30)
+    assert "window_past_deadline" in trace("quiet-hours", 19)
+    assert "host retries ev-0: queued" in trace("retries", 3)
     refused = trace("provider-refusals", 16)  # 21610: on the first route (no fallback), on the fallback (it ends)
     assert ": opted_out" in refused and ": fallback_failed" in refused
 
@@ -188,6 +190,8 @@ MUTATION_WORLDS = (
     + [("small", seed) for seed in (3, 5, 18)]
     + [("schedules", seed) for seed in (0, 12, 17)]
     + [("cancels", 5), ("refusals", 12), ("lost-answers", 14)]
+    + [("quiet-hours", seed) for seed in (1, 3, 5, 7, 10, 19)]  # waits for a window; one that opens past the deadline
+    + [("retries", 3)]  # the host retries failed notifications
 )
 
 

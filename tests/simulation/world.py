@@ -42,6 +42,7 @@ from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.operations import set_aside
 from dispatcher.operations.cancel import cancel as cancel_notification
 from dispatcher.operations.cancel import reschedule as reschedule_notification
+from dispatcher.operations.retry import retry as retry_notification
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.policy.breaker import BreakerPlan, LocalBreaker
 from dispatcher.policy.ratelimit import LocalLimiter
@@ -62,6 +63,7 @@ SEND, OUTCOME = "send", "outcome"
 STOP_CHANNELS = {2: "sms", 1: "messaging_platform"}  # the inboxes a recipient may reply STOP in, and their channels
 STOP_REPLY_WAITS = 6  # a STOP reply waits up to this many times 10 s for the recipient's SMS conversation
 OPERATOR_DELAY_S = 60.0  # how long a notification stays set aside before the operator retries it
+HOST_RETRY_DELAY_S = 30.0  # how long after a notification failed its host retries it (the retries world)
 # Kind 6: the service window closes 0 to 55 ms after the hand-over, in 5 ms steps: about as long as
 # a run takes (a step is a millisecond) from reading the window to its createMessage call.
 WINDOW_CLOSE_STEP_S, WINDOW_CLOSE_STEPS = 0.005, 12
@@ -297,6 +299,7 @@ class WorldSpec:
     crash_skip_points: int = 0  # after this many (a crash loop past the inbox listing, in the attempt's own steps)
     call_fault_operations: tuple[str, ...] = ()  # faults only on calls whose path holds one of these (empty: every call)
     operator: bool = False  # an operator retries notifications set aside (crash_loop), a minute after they are
+    host_retries: bool = False  # the host retries each failed notification once, HOST_RETRY_DELAY_S after it failed
     cancels: bool = False  # the host may cancel each notification, up to cancel_within_s after handing it over
     cancel_within_s: int = 10
     # some notifications are scheduled (due up to scheduled_within_s after their hand-over), and the
@@ -309,6 +312,7 @@ class WorldSpec:
     outage: bool = False
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
+    route_windows: tuple[tuple[str, str], ...] = ()  # quiet hours: (route, its send_window in UTC), as a clinic sets them
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -360,6 +364,11 @@ class World:
         self.settings = settings(self.workspace.webhook_secret)
         if spec.settings_changes:
             self.settings = self.settings.model_copy(update=dict(spec.settings_changes))
+        if spec.route_windows:
+            windows = dict(spec.route_windows)
+            self.settings = self.settings.model_copy(update={"routes": {
+                name: route.model_copy(update={"send_window": windows[name]}) if name in windows else route
+                for name, route in self.settings.routes.items()}})
         self.broker = Broker(self.settings.broker_visibility_timeout_s)
         self.engine = self._store(template)
         self.sessions = session_factory(self.engine, announce=True)  # the host's callbacks are written (host_told)
@@ -370,6 +379,8 @@ class World:
         if spec.operator:
             self.nodes.append(Node("operator", "operator"))
         self.set_aside_seen: dict[str, float] = {}  # event ID -> when the operator saw it set aside
+        self.failed_seen: dict[str, float] = {}  # event ID -> when its host saw it failed (host_retries)
+        self.retries: dict[str, int] = {}  # event ID -> retries its host asked for (one_message allows a message each)
         self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
@@ -620,7 +631,7 @@ class World:
         return (self.memory.get("all_ended_at") is not None and not self.broker.tasks
                 and not any(node.busy for node in self.nodes) and not self.workspace.pending_deliveries()
                 and self.workspace.loop.next_due() is None and len(self.handed_over) == len(self.requests)
-                and not self._deliveries_unprocessed())
+                and not self._deliveries_unprocessed() and self._retry_due(float("inf")) is None)
 
     def _deliveries_unprocessed(self) -> bool:
         """A recorded webhook delivery the consumer has not finished: the tracking sweep publishes it again."""
@@ -647,6 +658,9 @@ class World:
                 actions.append(("webhook", lambda node=node: self._deliver(node)))
             elif node.kind == "host" and self.host_events and self.host_events[0].at <= now:
                 actions.append(("host", lambda node=node: self._host(node)))
+            elif node.kind == "host" and (event_id := self._retry_due(now)) is not None:
+                actions.append(("host retries", lambda node=node, event_id=event_id: self._start(
+                    node, f"retry {event_id}", lambda _node: self._host_retries(event_id))))
             elif node.kind == "operator" and (event_id := self._set_aside_due(now)) is not None:
                 actions.append(("operator", lambda node=node, event_id=event_id: self._start(
                     node, f"retry {event_id}", lambda _node: self._operator_retries(event_id))))
@@ -663,6 +677,8 @@ class World:
         if not idle_world:  # once every notification has ended, beat's idle ticks are skipped
             candidates.append(self.next_sweep)
         candidates += [seen + OPERATOR_DELAY_S for seen in self.set_aside_seen.values()]
+        candidates += [seen + HOST_RETRY_DELAY_S for event_id, seen in self.failed_seen.items()
+                       if not self.retries.get(event_id)]
         due = min((c for c in candidates if c is not None and c > self.clock.now), default=None)
         if due is None:  # whatever is due now waits for a node that is busy or down: nothing ever frees it
             return False
@@ -881,6 +897,33 @@ class World:
             if seen + OPERATOR_DELAY_S <= now:
                 return event_id
         return None
+
+    def _retry_due(self, now: float) -> str | None:
+        """A failed notification its host has not retried yet, failed HOST_RETRY_DELAY_S ago or more."""
+        if not self.spec.host_retries:
+            return None
+        for (event_id,) in self.raw.execute("SELECT event_id FROM notifications WHERE state = 'failed' ORDER BY id"):
+            if self.retries.get(event_id):
+                continue
+            seen = self.failed_seen.setdefault(event_id, self.clock.now)
+            if seen + HOST_RETRY_DELAY_S <= now:
+                return str(event_id)
+        return None
+
+    def _host_retries(self, event_id: str) -> None:
+        """The host retries a failed notification with the request it handed over (the real
+        ``retry`` operation, as ``Dispatcher.retry`` runs it). Noted before the call, as an opt-out
+        is: a retry whose commit outlived the host still allows its message. A retry is a
+        disturbance from outside, like a hand-over: liveness counts from it as from a fault."""
+        self.retries[event_id] = self.retries.get(event_id, 0) + 1
+        self.last_fault_at = self.clock.now
+        request = self.requests[int(event_id.split("-")[1])]
+        try:
+            record = retry_notification(self.sessions, self.settings, self, event_id, request, clock=self.clock.utc)
+        except StateConflict as conflict:  # no longer failed: the command says so, nothing changes
+            self.note(f"host retries {event_id}: {conflict}")
+            return
+        self.note(f"host retries {event_id}: {record.state}")
 
     def _operator_retries(self, event_id: str) -> None:
         """``dispatcher retry EVENT_ID``: the real operation, as the command line runs it."""
