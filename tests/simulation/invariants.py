@@ -29,6 +29,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   at the end, each notification's callbacks are numbered without a gap and only move forward.
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
   holds no phone number, no message content and no token: what an operator's log would show.
+* ``template_resend``: free text the platform refused outside the service window (131047) is resent
+  as the request's approved template, never a reason to fall back.
 * ``quiet_hours``: no message appears outside its route's send window (in the worlds that set one).
 * ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
@@ -354,19 +356,21 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
     by_id = {m.id: m for m in messages}
     conversations = world.workspace.sandbox.store.conversations
     channels = {name: route.channel.value for name, route in world.settings.routes.items()}
-    seen: dict[tuple[str, int, int], tuple[str, str]] = world.memory.setdefault("updated", {})
+    seen: dict[tuple[str, int, int], tuple[tuple[object, ...], str]] = world.memory.setdefault("updated", {})
     messages_of: dict[int, set[int]] = defaultdict(set)
 
-    def moved(side: str, key: tuple[int, int], state: str, updated_at: str, what: str) -> None:
+    def moved(side: str, key: tuple[int, int], record: tuple[object, ...], updated_at: str, what: str) -> None:
+        """``record``: what a reader is shown (state first, its reason, its message); when any of it
+        changes, updated_at moves with it (an operator's "what changed since" reads it)."""
         before = seen.get((side, *key))
-        seen[(side, *key)] = (state, updated_at)
+        seen[(side, *key)] = (record, updated_at)
         if before is None:
             return
-        old_state, old_updated = before
+        old_record, old_updated = before
         if as_time(updated_at) < as_time(old_updated):
             found.append(Violation("record_matches", f"{what}: updated_at ran back"))
-        elif old_state != state and updated_at == old_updated:
-            found.append(Violation("record_matches", f"{what}: {old_state} -> {state} left updated_at as it was"))
+        elif old_record != record and updated_at == old_updated:
+            found.append(Violation("record_matches", f"{what}: {old_record} -> {record} left updated_at as it was"))
 
     for (nid, number, route, channel, state, inbox_id, contact_id, conversation_id, message_id, tries, runs, claims,
          lease_until, in_flight_since, accepted_at, status_at, error_kind, error_detail, created_at,
@@ -375,7 +379,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             "tries, runs, claims, lease_until, in_flight_since, accepted_at, status_at, error_kind, error_detail, "
             "created_at, updated_at FROM attempts"):
         what = f"{event_of.get(nid)} attempt {number}"
-        moved("a", (nid, number), state, updated_at, what)
+        moved("a", (nid, number), (state, error_kind, error_detail, message_id), updated_at, what)
         if (lease_until is not None) != (state == AttemptState.IN_FLIGHT):
             found.append(Violation("record_matches", f"{what} is {state} with lease {lease_until}: only a call in flight holds one"))
         if state in REPORTED and status_at is None:
@@ -409,7 +413,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             "fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at, delivery_state "
             "FROM notifications"):
         what = str(event_of.get(nid))
-        moved("n", (nid, 0), state, updated_at, what)
+        moved("n", (nid, 0), (state, error_kind, error_detail, message_id, decision, delivery_state), updated_at, what)
         if state in ENDED_BY_DELIVERY and delivery_state != state:
             found.append(Violation("record_matches", f"{what} ended {state} showing delivery state {delivery_state}"))
         if as_time(updated_at) < as_time(created_at) or (current is not None and current < 1):
@@ -418,6 +422,9 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what}: fallback decision {decision} without its reason or time"))
         if error_kind is not None and not error_detail:
             found.append(Violation("ended_with_reason", f"{what}: error_kind {error_kind} without a detail"))
+        if (reason or "").startswith("window_closed_no_template") and world.requests[int(what.split("-")[1])].template:
+            found.append(Violation("template_resend", f"{what}: fell back after a 131047 though its request carries "
+                                   "an approved template (it is resent as that template, on the same route)"))
         if message_id is None:
             continue
         message = by_id.get(message_id)

@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, NotificationState
+from dispatcher.sending import send
 from dispatcher.store.models import Notification
+from dispatcher.tracking import outcomes
 from tests.simulation.explore import explore
 from tests.simulation.invariants import FALLBACK_SETTLE_S, SETTLE_BOUND_S
 from tests.simulation.runner import WORLDS, run, settings_for
@@ -167,6 +169,24 @@ def test_a_cancel_that_leaves_the_attempt_to_the_workers_is_caught(monkeypatch: 
     monkeypatch.setattr(moves, "cancel", notification_only)
     outcome = run(WORLDS["cancels"], seed=94, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["no_send_after_cancel"]
+
+
+def test_a_131047_that_falls_back_though_the_request_carries_a_template_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """template_resend bites: a consumer that no longer sees the request's template falls back
+    after the platform refused the free text, instead of resending the approved template."""
+    assert run(WORLDS["lost-answers"], seed=7, keep_trace=False).ok
+    monkeypatch.setattr(outcomes, "_carries_template", lambda body: False)
+    outcome = run(WORLDS["lost-answers"], seed=7, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["template_resend"]
+
+
+def test_a_send_that_ignores_quiet_hours_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quiet_hours bites: without the send path's window check, a message leaves at 08:01:02 on a
+    route that sends from 08:02."""
+    assert run(WORLDS["quiet-hours"], seed=1, keep_trace=False).ok
+    monkeypatch.setattr(send, "_window_opening", lambda *args, **kwargs: None)
+    outcome = run(WORLDS["quiet-hours"], seed=1, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["quiet_hours"]
 
 
 # The selection mutmut runs against each mutant ([tool.mutmut] in pyproject.toml): a seed a test,
