@@ -101,8 +101,8 @@ def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: Send
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
     """The outcome consumer's work for one recorded webhook delivery (at least once, idempotent).
 
-    Each run counts a try on the row, but for one that failed because the workspace was away (a
-    refused token, no connection), which gives it back. A run that fails keeps the error's kind on the row and
+    Each run counts a try on the row, but for a keyword reply's run that failed because the
+    workspace was away (a refused token, no connection), which gives it back. A run that fails keeps the error's kind on the row and
     raises (a Wait is retried soon by the task; anything else waits for the tracking sweep to
     publish the row again); past ``delivery_max_tries`` the delivery is set aside, with its reason,
     and never tried again: no single event can stop the consumer. Reconciliation still reads the
@@ -139,13 +139,15 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
         outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at, mark_processed=mark_processed)
                    if summary is not None else "ignored_unreadable")
     except Exception as error:
-        # A workspace that is away (a refused token, no connection) is no fault of the delivery: the
-        # run gives its try back, so that a STOP reply waits for the workspace's return (its route's
-        # inbox may need the inbox list) instead of being set aside and lost (the outage world of the
-        # simulation, seed 14).
-        spent = pause_reason(error) is None
+        # A STOP or START reply that failed because the workspace was away (a refused token, no
+        # connection) gives its try back and waits for the workspace: it needs the inbox list (the
+        # routes are named by their inboxes), and set aside, the opt-out would be lost (the outage
+        # world of the simulation, seed 14). That list is the account's, so only a workspace that
+        # refuses everyone keeps it waiting. Any other delivery spends its try as before: the
+        # message's state is read back by reconciliation, so setting it aside loses nothing.
+        waits = summary is not None and summary.reply_keyword is not None and pause_reason(error) is not None
         with contextlib.suppress(Exception), ctx.sessions.begin() as session:  # a store that is down keeps nothing
-            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__, spent_try=spent)
+            store.note_delivery_error(session, delivery_row_id, error=type(error).__name__, spent_try=not waits)
         raise
     metrics.OUTCOMES.labels(result=outcome).inc()
     if not marked:
