@@ -23,7 +23,7 @@ from tests.simulation.invariants import FALLBACK_SETTLE_S, SETTLE_BOUND_S
 from tests.simulation.runner import WORLDS, run, settings_for
 
 SEEDS_PER_CHUNK = 40
-CHUNKS = 8  # 320 seeds of the small world; the nightly command runs many more (docs/simulation.md)
+CHUNKS = 6  # 240 seeds of the small world; the nightly command runs many more (docs/simulation.md)
 
 
 def _replay(world: str, seed: int) -> str:
@@ -49,8 +49,8 @@ def test_contended_worlds_keep_every_promise() -> None:
 
 
 @pytest.mark.parametrize(("world", "seeds"), [("refusals", 40), ("opt-outs", 40), ("lost-answers", 60), ("crash-loop", 4),
-                                              ("cancels", 40), ("schedules", 20), ("provider-refusals", 20),
-                                              ("outage", 12), ("retries", 20), ("quiet-hours", 20)])
+                                              ("cancels", 40), ("schedules", 20), ("provider-refusals", 8),
+                                              ("outage", 6), ("retries", 8), ("quiet-hours", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
