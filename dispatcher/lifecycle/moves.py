@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
-from dispatcher.lifecycle.table import MOVES, NEW, Side
+from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
 from dispatcher.store.db import insert_for
 from dispatcher.store.models import Attempt, Notification, table_of
 
@@ -540,8 +540,15 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
     }
     # A decision after a failure may start from any undecided state; one at the deadline only from
     # accepted or sent, so a delivery report that lands between the sweep's query and this
-    # statement wins, and a delivered message gets no fallback.
+    # statement wins, and a delivered message gets no fallback. A failure recorded meanwhile (the
+    # attempt fails, the notification keeps its state until that failure's own decision) wins
+    # too: the decision then says why the message failed, not that it was late.
     move = "decide_fallback" if decision.failed else "decide_at_deadline"
+    guards = [NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None)]
+    if not decision.failed:
+        guards.append(exists().where(ATTEMPTS.c.notification_id == NOTIFICATIONS.c.id,
+                                     ATTEMPTS.c.number == NOTIFICATIONS.c.current_attempt,
+                                     ATTEMPTS.c.state.in_(UNDELIVERED_ATTEMPT)))
     end: str | None = None  # a deadline decision without a route keeps the state
     if decision.fall_back:
         end = NotificationState.FALLING_BACK
@@ -553,9 +560,8 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
                       error_detail=func.coalesce(NOTIFICATIONS.c.error_detail, _detail(decision.error_detail or decision.reason)))
     number = session.execute(
         update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.fallback_decision.is_(None),
-               NOTIFICATIONS.c.state.in_(_starts_for(move, "notification", end) if end
-                                         else _kept(move, "notification")))
+        .where(*guards, NOTIFICATIONS.c.state.in_(_starts_for(move, "notification", end) if end
+                                                  else _kept(move, "notification")))
         .values(**values)
         .returning(NOTIFICATIONS.c.current_attempt)
     ).scalar_one_or_none()

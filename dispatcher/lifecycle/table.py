@@ -68,6 +68,9 @@ def kept(states: Iterable[str], guard: str = "") -> Side:
 ACCEPTED = (A.ACCEPTED, A.SENT, A.DELIVERED, A.READ)
 DECIDABLE = (N.QUEUED, N.SENDING, N.ACCEPTED, N.SENT, N.DELIVERED)  # the first attempt, not yet settled
 UNDELIVERED = (N.ACCEPTED, N.SENT)  # the first attempt's message exists, no delivery report yet
+# The deadline decides only while the current attempt is still this: a failure recorded on it (the
+# notification keeps its state until the failure's own decision) decides instead, with its reason.
+UNDELIVERED_ATTEMPT = (A.ACCEPTED, A.SENT)
 # the attempt after the decision (the fallback's, or a retry's), not yet settled
 AFTER_DECISION = (N.QUEUED, N.SENDING, N.FALLING_BACK, N.ACCEPTED, N.SENT, N.DELIVERED)
 
@@ -135,7 +138,8 @@ MOVES: dict[str, Move] = {
         Move("decide_at_deadline", "the single fallback decision for a message still not delivered at the route's "
              "deadline (read back just before): fall back, or without a route keep waiting for its outcome",
              notification=Side(every(UNDELIVERED, [N.FALLING_BACK]).edges | kept(UNDELIVERED).edges,
-                               "no decision made yet; never once it is delivered"),
+                               "no decision made yet; never once it is delivered, nor once its current "
+                               "attempt failed (that failure decides, with its reason)"),
              attempt=every([NEW], [A.QUEUED], "the fallback's attempt, when it falls back")),
         Move("resend_as_template", "131047 on free text: send the request's approved template once, on the same route, as a new attempt",
              notification=every([N.ACCEPTED, N.SENT], [N.SENDING], "the failed attempt is the current one; once"),

@@ -36,7 +36,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
   call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
   event failed in the workspace; ``crash_loop`` only while its attempt's runs are past
-  ``send_max_runs``; ``cancelled`` only when the host asked to cancel it; never ``no_consent`` (no route of these worlds needs consent).
+  ``send_max_runs``; ``cancelled`` only when the host asked to cancel it; never ``no_consent`` (no route of these worlds needs consent);
+  and a fallback decided "not delivered by the deadline" only for a message whose failure the
+  store did not hold yet (else the failure's reason decides).
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
@@ -80,6 +82,7 @@ REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DEL
 ENDED_BY_DELIVERY = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
 ENDED = ENDED_BY_DELIVERY | {NotificationState.CANCELLED}
 EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
+DEADLINE_REASON = "not delivered by the deadline"  # the tracking sweep's reason (docs/tracking.md)
 ROUTE_INBOX = {"reminders": 1, "sms": 2}
 CHANNEL_OF_INBOX = {1: "messaging_platform", 2: "sms"}
 
@@ -150,6 +153,8 @@ def check(world: World) -> list[Violation]:
     for n in notifications:
         _forward(found, states, "notification", ("n", n.id), n.state)
         if n.fallback_decision is not None:
+            if n.id not in decisions:
+                found += _deadline_decision_on_a_live_message(world, n)
             before = decisions.setdefault(n.id, n.fallback_decision)
             if before != n.fallback_decision:
                 found.append(Violation("one_fallback", f"{n.event_id}: decision {before} became {n.fallback_decision}"))
@@ -196,6 +201,24 @@ def check(world: World) -> list[Violation]:
     else:
         memory["all_ended_at"] = None
     return found
+
+
+def _deadline_decision_on_a_live_message(world: World, n: _Row) -> list[Violation]:
+    """Checked in the step that wrote the decision: a deadline decision is for a message still
+    undelivered, never for one whose failure the store already held (that failure's reason
+    decides, as the failure's own decision would have: "undeliverable (131026)", not "not
+    delivered by the deadline")."""
+    row = world.raw.execute(
+        "SELECT n.fallback_reason, n.fallback_decided_at, a.state, a.status_at FROM notifications n "
+        "JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt"
+        " - CASE WHEN n.fallback_decision = 'fallback' THEN 1 ELSE 0 END WHERE n.id = ?", (n.id,)).fetchone()
+    if row is None:
+        return []
+    reason, decided_at, state, status_at = row
+    if (reason or "").startswith(DEADLINE_REASON) and state == AttemptState.FAILED and status_at is not None \
+            and as_time(status_at) < as_time(decided_at):
+        return [Violation("true_reason", f"{n.event_id}: decided '{reason}' after its message's failure was recorded")]
+    return []
 
 
 def _retried_on(world: World, event_id: str, inbox_id: int) -> int:

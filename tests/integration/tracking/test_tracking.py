@@ -305,6 +305,50 @@ def test_a_deadline_whose_read_back_fails_is_put_off_for_a_bounded_time(
         assert enqueuer.sent == [notification_id]
 
 
+def test_a_failure_recorded_while_the_deadline_reads_back_decides_with_its_own_reason(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    """A chaos run found this: the consumer, busy or restarted, took a 131026 report late; it
+    recorded the failure while the tracking sweep read the message back at the deadline, and the
+    sweep's decision said "not delivered by the deadline" for a message the platform had failed."""
+    from dispatcher.tracking import outcomes
+
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
+        notification_id = _send(ctx, reminder("trk-deadline-failed", identifier="trk-p23", phone="+15550107023"))
+        message_id = intake.status(ctx.sessions, "trk-deadline-failed").message_id
+        assert message_id is not None
+        _sandbox_status(sandbox, message_id, {"failed"})  # the platform failed it; its report comes late
+        time.sleep(0.3)
+        read_back = outcomes.reconcile_attempt
+
+        def consumer_records_the_failure_meanwhile(attempt_id: int, ctx_: SendContext, enqueuer_: Any) -> str:
+            with ctx.sessions.begin() as session:  # the consumer's first transaction; it dies before deciding
+                attempt = session.get(Attempt, attempt_id)
+                assert attempt is not None
+                assert moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
+                                            attempt_number=attempt.number, current=AttemptState(attempt.state),
+                                            new=AttemptState.FAILED, external_error="131026: Message undeliverable",
+                                            now=ctx.clock())
+            return read_back(attempt_id, ctx_, enqueuer_)
+
+        outcomes.reconcile_attempt = consumer_records_the_failure_meanwhile  # type: ignore[assignment]
+        try:
+            report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        finally:
+            outcomes.reconcile_attempt = read_back  # type: ignore[assignment]
+        assert "fallback" not in report.deadline_decisions
+        assert intake.status(ctx.sessions, "trk-deadline-failed").fallback_decision is None
+        # The failure's own decision: the consumer died before it, so the sweep's repair makes it
+        real_clock = ctx.clock
+        ctx.clock = lambda: real_clock() + timedelta(seconds=60)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).repaired == 1
+        record = intake.status(ctx.sessions, "trk-deadline-failed")
+        assert (record.fallback_decision, record.fallback_reason) == ("fallback", "undeliverable (131026)")
+        assert enqueuer.sent == [notification_id]
+
+
 def test_an_incoming_message_opens_the_window_for_free_text(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
