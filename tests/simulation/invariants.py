@@ -20,6 +20,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
 * ``says_why`` (checked by the scheduler as each send task returns): a run that did not send says
   why, and one that retries says after how long (the task's result, what Flower shows).
+* ``published_at_once`` (checked by the scheduler as a send or consumer run ends without crashing):
+  its notification, when due to be sent, has a send task in the broker; the sweep is for crashes,
+  not for work a run that lived left undone (World._left_to_the_sweep says when it is not judged).
 * ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
   for a failed read of the workspace (an incoming customer message once crashed it).
 * ``on_time``: no message of a scheduled notification appears before its ``send_at`` (as the host
@@ -32,7 +35,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``template_resend``: free text the platform refused outside the service window (131047) is resent
   as the request's approved template, never a reason to fall back.
 * ``quiet_hours``: no message appears outside its route's send window (in the worlds that set one).
-* ``true_reason``: an error_kind says what happened: ``opted_out`` only for a recipient who said
+* ``true_reason``: an error_kind says what happened: it is one that docs/notifications.md lists
+  ("Error kinds"); ``opted_out`` only for a recipient who said
   no (the host suppressed it, or it replied STOP); ``rejected`` and ``not_found`` only after a
   call of its send tasks was answered 422 or 404; ``external_error`` only when a message of its
   event failed in the workspace; ``crash_loop`` only while its attempt's runs are past
@@ -44,7 +48,7 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   its notification's event, and the notification's record names one of its attempts' messages; an
   attempt in flight names where its call goes and holds a lease, and only an attempt in flight holds
   one; a reported or failed attempt has the time of its status; an ended notification shows its end
-  as its delivery state; a decision says why and when; a row's ``updated_at`` never runs back and
+  as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
   moves whenever its state does.
 
 At the end of a run that settled:
@@ -67,6 +71,7 @@ import re
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from functools import cache
+from pathlib import Path
 from typing import NamedTuple
 
 from dispatcher.lifecycle.announce import EVENT_OF_STATE
@@ -82,6 +87,7 @@ REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DEL
 ENDED_BY_DELIVERY = frozenset({NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED})
 ENDED = ENDED_BY_DELIVERY | {NotificationState.CANCELLED}
 EVENT_IN_CONTENT = re.compile(r"Reminder (ev-\d+):")
+DECISIONS = ("fallback", "none")  # what a fallback decision says (docs/tracking.md, "The single fallback decision")
 DEADLINE_REASON = "not delivered by the deadline"  # the tracking sweep's reason (docs/tracking.md)
 ROUTE_INBOX = {"reminders": 1, "sms": 2}
 CHANNEL_OF_INBOX = {1: "messaging_platform", 2: "sms"}
@@ -155,6 +161,8 @@ def check(world: World) -> list[Violation]:
         if n.fallback_decision is not None:
             if n.id not in decisions:
                 found += _deadline_decision_on_a_live_message(world, n)
+            if n.fallback_decision not in DECISIONS:
+                found.append(Violation("record_matches", f"{n.event_id}: fallback decision {n.fallback_decision!r}"))
             before = decisions.setdefault(n.id, n.fallback_decision)
             if before != n.fallback_decision:
                 found.append(Violation("one_fallback", f"{n.event_id}: decision {before} became {n.fallback_decision}"))
@@ -529,7 +537,9 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
             if kind is None:
                 continue
             why = None
-            if kind in ("opted_out", "no_consent") and (kind == "no_consent" or index not in said_no):
+            if kind not in documented_error_kinds():
+                why = "docs/notifications.md does not name it (Error kinds)"
+            elif kind in ("opted_out", "no_consent") and (kind == "no_consent" or index not in said_no):
                 why = "its recipient never said no"
             elif kind in REASON_NEEDS_FAULT and REASON_NEEDS_FAULT[kind] not in met.get(nid, ()):
                 why = f"no call of its was answered {REASON_NEEDS_FAULT[kind]}"
@@ -542,6 +552,17 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
             if why is not None:
                 found.append(Violation("true_reason", f"{event_id}: {side} error_kind {kind}, but {why}"))
     return found
+
+
+@cache
+def documented_error_kinds() -> frozenset[str]:
+    """The kinds a user may see, as docs/notifications.md lists them (its "Error kinds" table):
+    read, not copied, so a kind the code writes under another name is caught."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "notifications.md").read_text()
+    section = text[text.index("## Error kinds"):]
+    end = section.find("\n## ", 1)  # the next section
+    table = section if end < 0 else section[:end]
+    return frozenset(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
 
 
 PRIVATE_IN_LOGS = re.compile(r"\+?1555\d{7}|Reminder ev-|appointment is tomorrow|sandbox-token")

@@ -24,7 +24,7 @@ import random
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from greenlet import greenlet
@@ -38,7 +38,8 @@ from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, ret
 from dispatcher.errors import InvalidEvent, StateConflict, TooLate, UnknownNotification
 from dispatcher.intake.accept import accept
 from dispatcher.intake.request import NotificationRequest
-from dispatcher.lifecycle.moves import CRASH_LOOP
+from dispatcher.lifecycle.moves import CRASH_LOOP, SET_ASIDE_KINDS
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES
 from dispatcher.operations import set_aside
 from dispatcher.operations.cancel import cancel as cancel_notification
 from dispatcher.operations.cancel import reschedule as reschedule_notification
@@ -175,6 +176,15 @@ class Broker:
 
     def next_due(self) -> float | None:
         return min((task.due for task in self.tasks), default=None)
+
+
+SENDABLE_STATES = frozenset(state.value for state in SENDABLE_NOTIFICATION_STATES)
+
+
+def _as_time(value: object) -> datetime:
+    """A UTCDateTime column as SQLite keeps it (ISO text), read without the ORM."""
+    moment = datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # -- the logs --------------------------------------------------------------------------------
@@ -731,7 +741,9 @@ class World:
             if result == "crashed":
                 self._crashed(node)
             else:
-                node.task, node.doing, node.at = None, "", ""
+                finished, node.task, node.doing, node.at = node.task, None, "", ""
+                if finished is not None:
+                    self._left_to_the_sweep(node, finished)
 
     def _crashed(self, node: Node) -> None:
         whole = node.memory_loss == 2 or node.kind not in ("worker", "consumer")
@@ -746,6 +758,43 @@ class World:
             self.broker.worker_lost(node.name, None, self.clock.now)
         node.task, node.doing, node.at, node.context = None, "", "", None
         node.down_until = self.clock.now + (1.0 if not whole else 10.0)
+
+    def _left_to_the_sweep(self, node: Node, finished: Task) -> None:
+        """``published_at_once``: a run that ends without crashing leaves its notification, when it
+        is due to be sent (queued, sending or falling back; not waiting for a time), with a send task
+        in the broker: a decision's fallback, a retry, a redelivery's work is published by the run
+        that made it, not left for the sweep to find minutes later. Not judged while another run
+        that may be publishing it is under way (a consumer's, the sweeps', the host's, or another
+        send of it)."""
+        notification_id = finished.arg if finished.kind == SEND else self._notification_of_delivery(finished.arg)
+        if notification_id is None:
+            return
+        for other in self.nodes:
+            if other is not node and other.busy and (
+                    other.kind in ("consumer", "beat", "host", "operator")
+                    or (other.task is not None and other.task.kind == SEND and other.task.arg == notification_id)):
+                return
+        row = self.raw.execute(
+            "SELECT n.event_id, n.state, n.error_kind, a.state, n.send_at, n.next_try_at FROM notifications n "
+            "JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt WHERE n.id = ?",
+            (notification_id,)).fetchone()
+        if row is None or row[1] not in SENDABLE_STATES or row[2] in SET_ASIDE_KINDS or row[3] == "failed":
+            return  # set aside, it waits for an operator; failed, a run that died owes its decision (the sweep's repair)
+        now = self.clock.utc()
+        if any(moment is not None and _as_time(moment) > now for moment in row[4:]):
+            return  # it waits for its time, its window or the workspace: the sweep publishes it then
+        if any(task.kind == SEND and task.arg == notification_id for task in self.broker.tasks):
+            return
+        self.violations.append(Violation("published_at_once", f"{row[0]} is {row[1]} with no send task after "
+                                         f"{node.name} finished {finished}"))
+
+    def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
+        found = self.raw.execute("SELECT summary FROM webhook_deliveries WHERE id = ?", (delivery_row_id,)).fetchone()
+        message_id = json.loads(found[0]).get("message_id") if found and found[0] else None
+        if message_id is None:
+            return None
+        attempt = self.raw.execute("SELECT notification_id FROM attempts WHERE message_id = ?", (message_id,)).fetchone()
+        return None if attempt is None else int(attempt[0])
 
     def _restart(self, node: Node) -> None:
         node.down_until, node.restarts = None, node.restarts + 1
