@@ -30,8 +30,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``host_told``: every state a host is told of (accepted, sent, delivered, read, fell back, failed,
   cancelled) has its outcome callback for the current attempt, written in the move's transaction;
   at the end, each notification's callbacks are numbered without a gap and only move forward.
-* ``logs_private``: every line our code logs formats cleanly (its arguments fit its message) and
-  holds no phone number, no message content and no token: what an operator's log would show.
+* ``logs_private``: every line our code logs formats cleanly (its arguments fit its message), says
+  something (a message, no ``None`` among its arguments) and holds no phone number, no message
+  content and no token: what an operator's log would show.
 * ``template_resend``: free text the platform refused outside the service window (131047) is resent
   as the request's approved template, never a reason to fall back.
 * ``quiet_hours``: no message appears outside its route's send window (in the worlds that set one).
@@ -67,6 +68,7 @@ time before that as ``liveness``.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
@@ -568,6 +570,11 @@ def documented_error_kinds() -> frozenset[str]:
 PRIVATE_IN_LOGS = re.compile(r"\+?1555\d{7}|Reminder ev-|appointment is tomorrow|sandbox-token")
 
 
+def _arguments(record: logging.LogRecord) -> tuple[object, ...]:
+    args = record.args
+    return tuple(args.values()) if isinstance(args, dict) else tuple(args or ())
+
+
 def _logs(world: World) -> list[Violation]:
     found = []
     for record in world.logged:
@@ -575,6 +582,9 @@ def _logs(world: World) -> list[Violation]:
             line = record.getMessage()
         except (TypeError, ValueError) as error:
             found.append(Violation("logs_private", f"{record.name}:{record.lineno} does not format: {type(error).__name__}"))
+            continue
+        if not isinstance(record.msg, str) or not record.msg.strip() or None in _arguments(record):
+            found.append(Violation("logs_private", f"{record.name}:{record.lineno} says nothing, or None"))
             continue
         if PRIVATE_IN_LOGS.search(line):
             found.append(Violation("logs_private", f"{record.name}:{record.lineno} logs private data"))

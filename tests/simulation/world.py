@@ -933,6 +933,8 @@ class World:
             self.note(f"host cancels {event_id}: not handed over yet")
             return
         self.note(f"host cancels {event_id}: {record.state}")
+        if record.state != "cancelled":  # the operation's contract: cancelled, or TooLate with the state it is in
+            self.violations.append(Violation("host_told", f"the cancel of {event_id} answered {record.state} without TooLate"))
 
     def _set_aside_due(self, now: float) -> str | None:
         """A notification set aside a minute ago or more (the operator looks, finds the cause, retries)."""
