@@ -126,8 +126,12 @@ OUTCOME_UNKNOWN = "outcome_unknown"
 # ``window_past_deadline``: the route's send window opens only after the notification's send
 # deadline; the deadline is the notification's, so no route may send it any more.
 WINDOW_PAST_DEADLINE = "window_past_deadline"
+# ``send_deadline``: a wait without a call (our limiter) outlasted the send deadline; the same: the
+# deadline is the notification's.
+SEND_DEADLINE = "send_deadline"
 _SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing",
-                                             "payload_unreadable", "internal", OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE})
+                                             "payload_unreadable", "internal", OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE,
+                                             SEND_DEADLINE})
 
 
 def send_failure_falls_back(error_kind: str) -> bool:

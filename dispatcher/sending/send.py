@@ -40,7 +40,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
-from dispatcher.policy.fallback import OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE
+from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
@@ -224,7 +224,7 @@ def _waited(wait: Wait, job: _Job, ctx: SendContext) -> SendResult:
     no try is spent. Past the send deadline the notification stops waiting and fails, saying so,
     so a wait that never ends cannot keep it open."""
     if _past_send_deadline(job, ctx):
-        return _fail(job, ctx, "send_deadline", f"past the send deadline, still waiting: {wait.reason}")
+        return _fail(job, ctx, SEND_DEADLINE, f"past the send deadline, still waiting: {wait.reason}")
     return SendResult(Outcome.RETRY, wait.reason, delay_s=wait.delay_s)
 
 

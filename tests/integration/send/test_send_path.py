@@ -148,6 +148,24 @@ def test_a_look_that_fails_past_the_send_deadline_ends_as_outcome_unknown_withou
     assert _calls(sandbox)["createMessage"] == 1
 
 
+def test_a_wait_past_the_send_deadline_fails_the_notification_without_a_fallback(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    # Given a reminder with an SMS fallback whose run finds our own limiter saying "not now"
+    notification_id = _accept(context, reminder("evt-wait-late", identifier="pat-wait-late", phone="+15550300053"))
+    context.limiter.pause(3600)
+    # When that run comes past the notification's send deadline
+    real_clock = context.clock
+    context.clock = lambda: real_clock() + timedelta(seconds=context.settings.send_deadline_s + 60)
+    result = send_notification(notification_id, context)
+    # Then it fails, saying why, and no route sends it any more: the deadline is the notification's
+    assert result.outcome is Outcome.FAILED
+    record = intake.status(context.sessions, "evt-wait-late")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "send_deadline", "none")
+    assert record.error_detail is not None and "past the send deadline" in record.error_detail
+    assert _calls(sandbox).get("createMessage", 0) == 0
+
+
 def test_a_stored_payload_that_cannot_be_read_fails_the_attempt_once_without_a_fallback(
     context: SendContext, sandbox: SandboxProcess
 ) -> None:
