@@ -19,9 +19,9 @@ and adopt the message if it is there" before anything else, ``give_up`` a final 
 3. ``tries >= plan.max_tries``: ``give_up`` as ``tries_exhausted``, except for an ambiguous error
    (OutcomeUnknown, a 5xx on a write): we never give up blind on a write that may have gone
    out, so it is ``check_then_retry`` with ``resend_allowed=False`` and ``error_kind``
-   ``tries_exhausted``: look, adopt the message if it is there, else give up as
-   ``tries_exhausted`` (the read then proves nothing was sent). The look is a read; it does not
-   count as a try.
+   ``tries_exhausted`` (a mark on the attempt, which does not end it): the next run looks,
+   adopts the message if it is there, else ends the attempt ``not_found_after_unknown_outcome``
+   (the read then proves nothing was sent). The look is a read; it does not count as a try.
 4. Retryable: ambiguous → ``check_then_retry``; otherwise ``retry``. The delay is
    ``Retry-After`` plus 0–10 % (at least 0–1 s) of jitter when the service sent one (never
    less), else :func:`~dispatcher.policy.backoff.backoff_s` of ``tries - 1``.
