@@ -175,6 +175,12 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
         # Any other failure: the slow path lists the inboxes again, inside the job, where a
         # failure counts one of the attempt's tries, so it cannot loop past the retry limit.
     job_or_result = _load(notification_id, ctx)
+    if isinstance(job_or_result, _OwedDecision):
+        # Its notification is still to be sent, so the failure's decision is owed: the run that
+        # recorded the failure died before it (or is making it now). Made here, not by the sweep.
+        owed = tracking.finish_owed_decision(notification_id, ctx, ctx.enqueuer)
+        return SendResult(Outcome.SKIPPED, f"attempt {job_or_result.number} is failed"
+                                           + (f"; its owed decision made now: {owed}" if owed else ""))
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
@@ -294,7 +300,14 @@ def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -
     return None
 
 
-def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
+@dataclass(frozen=True)
+class _OwedDecision:
+    """The current attempt failed and its notification is still to be sent: its decision is owed."""
+
+    number: int
+
+
+def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult | _OwedDecision:
     """Read what the send needs; on the warm path (everything known), also mark it in flight."""
     now = ctx.clock()
     with ctx.sessions.begin() as session:
@@ -310,6 +323,8 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult:
         attempt = store.open_attempt(
             session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
         )
+        if attempt.state == AttemptState.FAILED:
+            return _OwedDecision(number)
         if attempt.state not in SENDABLE_ATTEMPT_STATES:
             return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
         if attempt.runs > ctx.settings.send_max_runs:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, delete, exists, func, or_, select, text, update
+from sqlalchemy import Row, bindparam, delete, exists, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
@@ -633,17 +633,20 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
     return [LateAttempt(notification_id, attempt_id, accepted_at) for notification_id, attempt_id, accepted_at in rows]
 
 
-def undecided_failures(session: Session, *, failed_before: datetime, limit: int,
-                       workspace: str = "default") -> list[tuple[int, str, str | None, str | None]]:
+def undecided_failures(session: Session, *, failed_before: datetime | None, limit: int,
+                       workspace: str = "default",
+                       notification_id: int | None = None) -> list[tuple[int, str, str | None, str | None]]:
     """Failed current attempts whose consequence is missing: a first or template attempt with no
-    fallback decision, or a fallback or retry whose notification was not ended.
+    fallback decision, or a fallback or retry whose notification was not ended; recorded before
+    ``failed_before`` (None: whenever), of one notification when ``notification_id`` is given.
     (notification id, attempt purpose, error kind, detail)"""
     rows = session.execute(
         select(Attempt.notification_id, Attempt.purpose, Attempt.error_kind, Attempt.error_detail)
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
             Attempt.state == AttemptState.FAILED,
-            Attempt.updated_at < failed_before,
+            Attempt.updated_at < failed_before if failed_before is not None else true(),
+            Attempt.notification_id == notification_id if notification_id is not None else true(),
             Attempt.number == Notification.current_attempt,
             or_(
                 Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & Notification.fallback_decision.is_(None),

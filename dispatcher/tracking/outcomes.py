@@ -238,7 +238,20 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
 def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
                   mark_processed: MarkProcessed | None = None) -> str:
     """Move the attempt forward (never back), once per (message, status); decide on a failure.
-    ``mark_processed``: see :func:`apply_event`."""
+    A failure applied before whose decision is still owed (the run that applied it died before
+    deciding) gets it now. ``mark_processed``: see :func:`apply_event`."""
+    applied = _apply_outcome(outcome, ctx, enqueuer, mark_processed=mark_processed)
+    if applied != "duplicate_status" or attempt_state_from_status(outcome.status) is not AttemptState.FAILED:
+        return applied
+    with ctx.sessions() as session:
+        attempt = store.attempt_by_message(session, ctx.settings.workspace_name, outcome.message_id)
+        notification_id = attempt.notification_id if attempt is not None else None
+    owed = finish_owed_decision(notification_id, ctx, enqueuer) if notification_id is not None else None
+    return applied if owed is None else f"owed_{owed}"
+
+
+def _apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
+                   mark_processed: MarkProcessed | None) -> str:
     if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
         outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
     reported = attempt_state_from_status(outcome.status)
@@ -337,15 +350,32 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
         undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit,
                                              workspace=ctx.settings.workspace_name)
     for notification_id, purpose, error_kind, error_detail in undecided:
-        if purpose in AFTER_DECISION_PURPOSES and error_kind == "external_error":
-            end_fallback_after_external_failure(notification_id, error_detail, ctx)
-        elif purpose in AFTER_DECISION_PURPOSES:
-            end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
-        elif error_kind == "external_error":
-            decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))
-        else:
-            decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
+        _finish_failure(notification_id, purpose, error_kind, error_detail, ctx, enqueuer)
     return len(undecided)
+
+
+def finish_owed_decision(notification_id: int, ctx: SendContext, enqueuer: Enqueuer | None) -> str | None:
+    """The repair of one notification, at once: a run that finds its current attempt failed with
+    the decision still owed (the run that recorded the failure died before it, or is making it now)
+    makes it, rather than leave it to the sweep. Idempotent: the decision is a compare-and-set.
+    None when nothing is owed."""
+    with ctx.sessions() as session:
+        owed = store.undecided_failures(session, failed_before=None, limit=1, workspace=ctx.settings.workspace_name,
+                                        notification_id=notification_id)
+    if not owed:
+        return None
+    return _finish_failure(*owed[0], ctx, enqueuer)
+
+
+def _finish_failure(notification_id: int, purpose: str, error_kind: str | None, error_detail: str | None,
+                    ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+    if purpose in AFTER_DECISION_PURPOSES and error_kind == "external_error":
+        return end_fallback_after_external_failure(notification_id, error_detail, ctx)
+    if purpose in AFTER_DECISION_PURPOSES:
+        return end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
+    if error_kind == "external_error":
+        return decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))
+    return decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
 
 
 def _carries_template(stored: dict[str, Any]) -> bool:

@@ -7,7 +7,8 @@
 3. First attempts not delivered by their route's ``delivery_deadline_s`` are read back once more,
    then get the single fallback decision, which a delivered message refuses (so a lost
    "delivered" does not cause a needless fallback).
-4. A failure recorded by a process that was killed before it made the decision gets it now.
+4. A failure recorded by a process that was killed before it made the decision gets it now (the
+   next run of its send task or the next delivery of its report make it first, when they come).
 """
 
 from __future__ import annotations

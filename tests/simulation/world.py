@@ -765,7 +765,8 @@ class World:
         in the broker: a decision's fallback, a retry, a redelivery's work is published by the run
         that made it, not left for the sweep to find minutes later. Not judged while another run
         that may be publishing it is under way (a consumer's, the sweeps', the host's, or another
-        send of it)."""
+        send of it). A failed current attempt is judged too: the run that finds its decision owed
+        (the run that recorded the failure died before it) makes it."""
         notification_id = finished.arg if finished.kind == SEND else self._notification_of_delivery(finished.arg)
         if notification_id is None:
             return
@@ -778,8 +779,8 @@ class World:
             "SELECT n.event_id, n.state, n.error_kind, a.state, n.send_at, n.next_try_at FROM notifications n "
             "JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt WHERE n.id = ?",
             (notification_id,)).fetchone()
-        if row is None or row[1] not in SENDABLE_STATES or row[2] in SET_ASIDE_KINDS or row[3] == "failed":
-            return  # set aside, it waits for an operator; failed, a run that died owes its decision (the sweep's repair)
+        if row is None or row[1] not in SENDABLE_STATES or row[2] in SET_ASIDE_KINDS:
+            return  # set aside, it waits for an operator
         now = self.clock.utc()
         if any(moment is not None and _as_time(moment) > now for moment in row[4:]):
             return  # it waits for its time, its window or the workspace: the sweep publishes it then

@@ -201,6 +201,37 @@ def test_out_of_tries_with_no_earlier_claim_fails_without_a_read(context: SendCo
     assert _create_calls(sandbox) == 0
 
 
+def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_to_the_next_run(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a run that spent the attempt's last try (503s on the search) and died right after it
+    # recorded the failure, before the fallback decision
+    notification_id = _accept(context, "evt-owed", "+15550300074")
+    sandbox.set_faults({"searchContacts": {"server_error_share": 1.0}})
+    for _ in range(context.plan.max_tries - 1):
+        assert send_notification(notification_id, context).outcome is Outcome.RETRY
+
+    def after_the_failure_commits(point: str, _: int) -> bool:
+        return point == "after commit" and _attempt(context, notification_id).state == AttemptState.FAILED
+
+    assert _deliver(context, notification_id, after_the_failure_commits) == "died after commit"
+    sandbox.set_faults({})
+    record = intake.status(context.sessions, "evt-owed")
+    assert (record.attempts[0].error_kind, record.fallback_decision) == ("tries_exhausted", None)
+    # When the broker delivers the task again (the worker's child died: late acknowledgement)
+    enqueuer = ListEnqueuer()
+    context.enqueuer = enqueuer
+    result = send_notification(notification_id, context)
+    # Then that run makes the owed decision at once, as the sweep's repair would later: the fallback
+    assert result.outcome is Outcome.SKIPPED and "owed decision made now: fallback" in result.reason
+    record = intake.status(context.sessions, "evt-owed")
+    assert (record.state, record.fallback_decision, record.fallback_reason) == (
+        "falling_back", "fallback", "send_failed (tries_exhausted)")
+    assert enqueuer.sent == [notification_id]
+    # and the fallback's own run sends it, once
+    assert send_notification(notification_id, context).outcome is Outcome.ACCEPTED
+    assert intake.status(context.sessions, "evt-owed").channel == "sms"
+
+
 def test_a_workspace_away_past_the_send_deadline_ends_a_dead_run_s_attempt_unknown_without_a_fallback(
         context: SendContext, sandbox: SandboxProcess) -> None:
     # Given a run that died right after createMessage reached the workspace (the message exists),

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from dispatcher import faults
 from dispatcher.api import NotFound, Unauthorized
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
@@ -303,6 +304,39 @@ def test_a_deadline_whose_read_back_fails_is_put_off_for_a_bounded_time(
         assert report.deadline_decisions == {"fallback": 1}
         assert intake.status(ctx.sessions, "trk-deadline-unread").fallback_reason == "not delivered by the deadline"
         assert enqueuer.sent == [notification_id]
+
+
+def test_a_failure_whose_consumer_died_before_deciding_is_decided_by_its_redelivery(
+        context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer) -> None:
+    class Killed(BaseException):
+        """The consumer's process died here: no code of ours catches a BaseException."""
+
+    # Given a consumer that recorded a 131026 failure and died before the fallback decision
+    notification_id = _send(context, reminder("trk-owed", identifier="trk-p24", phone="+15550107024"))
+    message_id = intake.status(context.sessions, "trk-owed").message_id
+    assert message_id is not None
+    failed = _sandbox_status(sandbox, message_id, {"failed"})
+    event = _updated(message_id, "failed", failed["external_error"])
+
+    def dies_once_the_failure_is_committed(point: str, in_transaction: bool) -> None:
+        if point == "after commit" and intake.status(context.sessions, "trk-owed").attempts[0].state == "failed":
+            raise Killed(point)
+
+    previous = faults.install(dies_once_the_failure_is_committed)
+    try:
+        with pytest.raises(Killed):
+            apply_event(event, context, enqueuer)
+    finally:
+        faults.install(previous)
+    assert intake.status(context.sessions, "trk-owed").fallback_decision is None
+    # When the broker delivers the same event again
+    outcome = apply_event(event, context, enqueuer)
+    # Then the redelivery makes the owed decision, with the failure's reason, and publishes the fallback
+    assert outcome == "owed_fallback"
+    record = intake.status(context.sessions, "trk-owed")
+    assert (record.fallback_decision, record.fallback_reason) == ("fallback", "undeliverable (131026)")
+    assert enqueuer.sent == [notification_id]
+    assert apply_event(event, context, enqueuer) == "duplicate_status"  # nothing is owed any more
 
 
 def test_a_failure_recorded_while_the_deadline_reads_back_decides_with_its_own_reason(
