@@ -391,6 +391,9 @@ class World:
         self.set_aside_seen: dict[str, float] = {}  # event ID -> when the operator saw it set aside
         self.failed_seen: dict[str, float] = {}  # event ID -> when its host saw it failed (host_retries)
         self.retries: dict[str, int] = {}  # event ID -> retries its host asked for (one_message allows a message each)
+        # Notifications a crash left due without a send task (committed, then died before the publish):
+        # the sweep's to find, not published_at_once's to judge, until a task for them is published.
+        self.orphaned_by_crash: set[int] = set()
         self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
@@ -538,6 +541,7 @@ class World:
         ids = list(notification_ids)
         for nid in ids:
             self.broker.publish(SEND, nid, self.clock.now)
+            self.orphaned_by_crash.discard(nid)
         return ids
 
     def enqueue_outcome(self, delivery_row_id: int) -> None:
@@ -758,6 +762,7 @@ class World:
             self.broker.worker_lost(node.name, None, self.clock.now)
         node.task, node.doing, node.at, node.context = None, "", "", None
         node.down_until = self.clock.now + (1.0 if not whole else 10.0)
+        self.orphaned_by_crash |= {nid for nid, _, _ in self._due_without_a_task()}
 
     def _left_to_the_sweep(self, node: Node, finished: Task) -> None:
         """``published_at_once``: a run that ends without crashing leaves its notification, when it
@@ -765,8 +770,9 @@ class World:
         in the broker: a decision's fallback, a retry, a redelivery's work is published by the run
         that made it, not left for the sweep to find minutes later. Not judged while another run
         that may be publishing it is under way (a consumer's, the sweeps', the host's, or another
-        send of it). A failed current attempt is judged too: the run that finds its decision owed
-        (the run that recorded the failure died before it) makes it."""
+        send of it), nor for a row a crash left without its task (``orphaned_by_crash``). A failed
+        current attempt is judged too: the run that finds its decision owed (the run that recorded
+        the failure died before it) makes it."""
         notification_id = finished.arg if finished.kind == SEND else self._notification_of_delivery(finished.arg)
         if notification_id is None:
             return
@@ -775,19 +781,24 @@ class World:
                     other.kind in ("consumer", "beat", "host", "operator")
                     or (other.task is not None and other.task.kind == SEND and other.task.arg == notification_id)):
                 return
-        row = self.raw.execute(
-            "SELECT n.event_id, n.state, n.error_kind, a.state, n.send_at, n.next_try_at FROM notifications n "
-            "JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt WHERE n.id = ?",
-            (notification_id,)).fetchone()
-        if row is None or row[1] not in SENDABLE_STATES or row[2] in SET_ASIDE_KINDS:
-            return  # set aside, it waits for an operator
-        now = self.clock.utc()
-        if any(moment is not None and _as_time(moment) > now for moment in row[4:]):
-            return  # it waits for its time, its window or the workspace: the sweep publishes it then
-        if any(task.kind == SEND and task.arg == notification_id for task in self.broker.tasks):
+        if notification_id in self.orphaned_by_crash:
             return
-        self.violations.append(Violation("published_at_once", f"{row[0]} is {row[1]} with no send task after "
-                                         f"{node.name} finished {finished}"))
+        for _, event_id, state in self._due_without_a_task(notification_id):
+            self.violations.append(Violation("published_at_once", f"{event_id} is {state} with no send task after "
+                                             f"{node.name} finished {finished}"))
+
+    def _due_without_a_task(self, notification_id: int | None = None) -> list[tuple[int, str, str]]:
+        """Notifications due to be sent (queued, sending or falling back, not set aside, waiting for
+        no time) with no send task in the broker: all of them, or the one asked about."""
+        rows = self.raw.execute(
+            "SELECT n.id, n.event_id, n.state, n.error_kind, n.send_at, n.next_try_at FROM notifications n"
+            + (" WHERE n.id = ?" if notification_id is not None else ""),
+            (notification_id,) if notification_id is not None else ()).fetchall()
+        now = self.clock.utc()
+        tasks = {task.arg for task in self.broker.tasks if task.kind == SEND}
+        return [(nid, event_id, state) for nid, event_id, state, error_kind, *times in rows
+                if state in SENDABLE_STATES and error_kind not in SET_ASIDE_KINDS and nid not in tasks
+                and not any(moment is not None and _as_time(moment) > now for moment in times)]
 
     def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
         found = self.raw.execute("SELECT summary FROM webhook_deliveries WHERE id = ?", (delivery_row_id,)).fetchone()
@@ -822,6 +833,7 @@ class World:
         self.note(f"{node.name} {task}: {result.outcome.value}{f' ({result.reason})' if result.reason else ''}")
         if countdown is not None:
             self.broker.publish(SEND, task.arg, self.clock.now + countdown, holder=node.name)
+            self.orphaned_by_crash.discard(task.arg)
 
     def _outcome(self, node: Node, task: Task) -> None:
         ctx = self.context(node)
