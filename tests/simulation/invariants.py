@@ -71,7 +71,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -81,7 +81,7 @@ from dispatcher.lifecycle.moves import CRASH_LOOP
 from dispatcher.lifecycle.states import AttemptState, NotificationState
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
-from tests.simulation.world import Violation, World
+from tests.simulation.world import Violation, World, as_time
 
 WINDOW_CLOSED = "131047"
 REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ,
@@ -267,12 +267,6 @@ class _Attempt(NamedTuple):
     in_flight_since: datetime | None
     route: str
     error_kind: str | None
-
-
-def as_time(value: object) -> datetime:
-    """A UTCDateTime column as SQLite keeps it (ISO text), read without the ORM."""
-    moment = datetime.fromisoformat(str(value))
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _forward(found: list[Violation], states: dict[tuple[str, int], str], side: str, key: tuple, state: str) -> None:

@@ -181,7 +181,7 @@ class Broker:
 SENDABLE_STATES = frozenset(state.value for state in SENDABLE_NOTIFICATION_STATES)
 
 
-def _as_time(value: object) -> datetime:
+def as_time(value: object) -> datetime:
     """A UTCDateTime column as SQLite keeps it (ISO text), read without the ORM."""
     moment = datetime.fromisoformat(str(value))
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
@@ -798,7 +798,7 @@ class World:
         tasks = {task.arg for task in self.broker.tasks if task.kind == SEND}
         return [(nid, event_id, state) for nid, event_id, state, error_kind, *times in rows
                 if state in SENDABLE_STATES and error_kind not in SET_ASIDE_KINDS and nid not in tasks
-                and not any(moment is not None and _as_time(moment) > now for moment in times)]
+                and not any(moment is not None and as_time(moment) > now for moment in times)]
 
     def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
         found = self.raw.execute("SELECT summary FROM webhook_deliveries WHERE id = ?", (delivery_row_id,)).fetchone()
