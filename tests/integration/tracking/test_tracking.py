@@ -32,6 +32,7 @@ from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.account import Account
 from dispatcher.store.models import Attempt, Suppression, WebhookDelivery
+from dispatcher.tracking import outcomes
 from dispatcher.tracking.outcomes import apply_event
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
@@ -345,8 +346,6 @@ def test_a_failure_recorded_while_the_deadline_reads_back_decides_with_its_own_r
     """A chaos run found this: the consumer, busy or restarted, took a 131026 report late; it
     recorded the failure while the tracking sweep read the message back at the deadline, and the
     sweep's decision said "not delivered by the deadline" for a message the platform had failed."""
-    from dispatcher.tracking import outcomes
-
     routes = example_settings(api_url="http://x").model_dump()["routes"]
     routes["reminders"]["delivery_deadline_s"] = 0.2
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
