@@ -22,7 +22,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   why, and one that retries says after how long (the task's result, what Flower shows).
 * ``published_at_once`` (checked by the scheduler as a send or consumer run ends without crashing):
   its notification, when due to be sent, has a send task in the broker; the sweep is for crashes,
-  not for work a run that lived left undone (World._left_to_the_sweep says when it is not judged).
+  not for work a run that lived left undone (World._left_to_the_sweep says when it is not judged);
+  and as beat's sweeps end, no row due when they began is without one (World._left_by_the_sweep).
 * ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
   for a failed read of the workspace (an incoming customer message once crashed it).
 * ``on_time``: no message of a scheduled notification appears before its ``send_at`` (as the host
@@ -50,7 +51,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   attempt in flight names where its call goes and holds a lease, and only an attempt in flight holds
   one; a reported or failed attempt has the time of its status; an ended notification shows its end
   as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
-  moves whenever its state does.
+  moves whenever its state does; a failed notification has its fallback decision.
+* ``outcome_word``: a run's outcome word is one docs/tracking.md lists ("Outcome words") and
+  agrees with the store and the workspace (:func:`_outcome_words`).
 
 At the end of a run that settled:
 
@@ -78,10 +81,10 @@ from typing import NamedTuple
 
 from dispatcher.lifecycle.announce import EVENT_OF_STATE
 from dispatcher.lifecycle.moves import CRASH_LOOP
-from dispatcher.lifecycle.states import AttemptState, NotificationState
+from dispatcher.lifecycle.states import AttemptState, NotificationState, rank
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
-from tests.simulation.world import Violation, World, as_time
+from tests.simulation.world import Said, Violation, World, as_time
 
 WINDOW_CLOSED = "131047"
 REPORTED = frozenset({AttemptState.ACCEPTED, AttemptState.SENT, AttemptState.DELIVERED, AttemptState.READ,
@@ -200,6 +203,7 @@ def check(world: World) -> list[Violation]:
     found += _on_time(world, messages)
     found += _records_match(world, messages, event_of)
     found += _true_reasons(world, messages, event_of)
+    found += _outcome_words(world)
     found += _logs(world)
     if len(world.handed_over) == len(world.requests) and notifications and all(_ended(n, world) for n in notifications):
         if memory.get("all_ended_at") is None:
@@ -449,6 +453,10 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what}: fallback decision {decision} without its reason or time"))
         if error_kind is not None and not error_detail:
             found.append(Violation("ended_with_reason", f"{what}: error_kind {error_kind} without a detail"))
+        if state == NotificationState.FAILED and decision is None:
+            # a failed notification failed its first attempt (or a later one, after the decision):
+            # the failure that ends it is the decision's, never written beside it
+            found.append(Violation("record_matches", f"{what} failed without a fallback decision"))
         if (reason or "").startswith("window_closed_no_template") and world.requests[int(what.split("-")[1])].template:
             found.append(Violation("template_resend", f"{what}: fell back after a 131047 though its request carries "
                                    "an approved template (it is resent as that template, on the same route)"))
@@ -548,6 +556,77 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
             if why is not None:
                 found.append(Violation("true_reason", f"{event_id}: {side} error_kind {kind}, but {why}"))
     return found
+
+
+def _outcome_words(world: World) -> list[Violation]:
+    """``outcome_word``: each word a run ended with is one docs/tracking.md lists ("Outcome
+    words"), and a delivery's word agrees with the store: ``applied_<state>`` only once its attempt
+    holds that state or a later one, ``fallback`` and ``no_fallback`` only with that decision
+    written, ``fallback_failed`` only for a failed notification (``owed_`` words alike)."""
+    found = []
+    said, world.said = world.said, []
+    words = documented_outcome_words()
+    for what in said:
+        word = what.word.removeprefix("owed_")
+        if word not in words or word.startswith("owed_"):
+            found.append(Violation("outcome_word", f"the {what.who} said {what.word!r}: docs/tracking.md does not list it"))
+            continue
+        if what.message_id is None:
+            continue
+        if what.who == "consumer" and word in ("no_status", "opted_in"):
+            found += _what_the_workspace_holds(world, what)
+            continue
+        if not (word.startswith("applied_") or word in WORD_NEEDS):
+            continue
+        row = world.raw.execute(
+            "SELECT a.state, n.state, n.fallback_decision, n.event_id FROM attempts a "
+            "JOIN notifications n ON n.id = a.notification_id WHERE a.message_id = ?", (what.message_id,)).fetchone()
+        if row is None:
+            found.append(Violation("outcome_word", f"the {what.who} said {what.word!r} of message {what.message_id}, "
+                                   "which no attempt names"))
+            continue
+        attempt_state, state, decision, event_id = row
+        if word.startswith("applied_"):
+            holds = rank(AttemptState(attempt_state)) >= rank(AttemptState(word.removeprefix("applied_")))
+        else:
+            column, wanted = WORD_NEEDS[word]
+            holds = (state if column == "state" else decision) == wanted
+        if not holds:
+            found.append(Violation("outcome_word", f"{event_id}: the {what.who} said {what.word!r} while its attempt is "
+                                   f"{attempt_state}, the notification {state}, decision {decision}"))
+    return found
+
+
+def _what_the_workspace_holds(world: World, what: Said) -> list[Violation]:
+    """``no_status`` only when the read found no status for the message (a stock message has one
+    from its creation: the word then means the read did not apply it); ``opted_in`` never for a
+    STOP reply (the recipients of these worlds only ever say STOP)."""
+    if what.word == "opted_in":
+        if what.message_id in world.stop_messages:
+            return [Violation("outcome_word", f"the consumer said 'opted_in' of STOP reply m{what.message_id}")]
+        return []
+    for message in world.workspace.outgoing():
+        if message.id == what.message_id and message.status is not None:
+            return [Violation("outcome_word", f"the consumer said 'no_status' of message {message.id}, which the "
+                              f"workspace holds as {message.status}")]
+    return []
+
+
+# What a delivery's word says of its notification: (column, value).
+WORD_NEEDS = {"fallback": ("decision", "fallback"), "no_fallback": ("decision", "none"),
+              "fallback_failed": ("state", "failed")}
+
+
+@cache
+def documented_outcome_words() -> frozenset[str]:
+    """The words of docs/tracking.md's "Outcome words" table (``owed_<word>`` stands for an owed
+    decision's word): read, not copied."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tracking.md").read_text()
+    section = text[text.index("## Outcome words"):]
+    end = section.find("\n## ", 1)
+    table = section if end < 0 else section[:end]
+    first_cells = re.findall(r"^\| ([^|]+) \|", table, flags=re.MULTILINE)
+    return frozenset(word for cell in first_cells for word in re.findall(r"`([a-z_]+)`", cell))
 
 
 @cache

@@ -178,6 +178,7 @@ class Broker:
         return min((task.due for task in self.tasks), default=None)
 
 
+PUBLISH_REFUSAL_RATE = 0.5  # the chance a publish is refused, while the world's publish_refusals last
 SENDABLE_STATES = frozenset(state.value for state in SENDABLE_NOTIFICATION_STATES)
 
 
@@ -320,6 +321,9 @@ class WorldSpec:
     # A workspace outage: from a moment in the first 30 s, every call is refused (401) or never
     # connects, for half the send deadline or past it; it spends no fault of the budget.
     outage: bool = False
+    # The broker refuses this many publishes (Redis away for a moment), apart from ``faults``: the
+    # rows are the next sweep's.
+    publish_refusals: int = 0
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
     route_windows: tuple[tuple[str, str], ...] = ()  # quiet hours: (route, its send_window in UTC), as a clinic sets them
@@ -331,6 +335,15 @@ class WorldSpec:
 class Violation:
     invariant: str
     detail: str
+
+
+@dataclass(frozen=True)
+class Said:
+    """An outcome word a run ended with (docs/tracking.md, "Outcome words"): who said it, and the
+    message (for a delivery's run) whose record it speaks of."""
+    who: str
+    word: str
+    message_id: int | None = None
 
 
 @dataclass
@@ -396,6 +409,9 @@ class World:
         self.orphaned_by_crash: set[int] = set()
         self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
+        self.sweeps_began = self.clock.utc()
+        self.said: list[Said] = []
+        self.publish_refusals_left = spec.publish_refusals  # the outcome words runs ended with since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
@@ -539,6 +555,13 @@ class World:
 
     def enqueue_send(self, notification_ids: Any) -> list[int]:
         ids = list(notification_ids)
+        if self.publish_refusals_left and ids and self.choices.chance(PUBLISH_REFUSAL_RATE, 2):
+            self.publish_refusals_left -= 1
+            self.last_fault_at = self.clock.now
+            # the broker is away: nothing is published, and the rows are the next sweep's, as after a crash
+            self.note(f"broker: publish of send {', '.join(f'n{nid}' for nid in ids)} refused")
+            self.orphaned_by_crash |= set(ids)
+            return []
         for nid in ids:
             self.broker.publish(SEND, nid, self.clock.now)
             self.orphaned_by_crash.discard(nid)
@@ -748,6 +771,8 @@ class World:
                 finished, node.task, node.doing, node.at = node.task, None, "", ""
                 if finished is not None:
                     self._left_to_the_sweep(node, finished)
+                elif node.kind == "beat":
+                    self._left_by_the_sweep(node)
 
     def _crashed(self, node: Node) -> None:
         whole = node.memory_loss == 2 or node.kind not in ("worker", "consumer")
@@ -787,22 +812,48 @@ class World:
             self.violations.append(Violation("published_at_once", f"{event_id} is {state} with no send task after "
                                              f"{node.name} finished {finished}"))
 
-    def _due_without_a_task(self, notification_id: int | None = None) -> list[tuple[int, str, str]]:
-        """Notifications due to be sent (queued, sending or falling back, not set aside, waiting for
-        no time) with no send task in the broker: all of them, or the one asked about."""
+    def _left_by_the_sweep(self, node: Node) -> None:
+        """``published_at_once`` for the sweeps: a sweep that ends without crashing leaves no row
+        that was due to be sent when it began (a scheduled one whose time came, too) without a send
+        task; what came due later is the next sweep's. Not judged for a row a crash or a refused
+        publish left to a later sweep (the stale check waits ``stale_after_s`` for it) or one a send
+        worker holds, nor while a consumer, the host or an operator is mid-run (it may be publishing it)."""
+        held = set()
+        for other in self.nodes:
+            if other is node or not other.busy:
+                continue
+            if other.kind in ("consumer", "host", "operator"):
+                return
+            if other.task is not None and other.task.kind == SEND:
+                held.add(other.task.arg)
+        for nid, event_id, state in self._due_without_a_task(at=self.sweeps_began, scheduled=True):
+            if nid not in held and nid not in self.orphaned_by_crash:
+                self.violations.append(Violation("published_at_once", f"{event_id} is {state} with no send task "
+                                                 f"after {node.name}'s sweeps"))
+
+    def _due_without_a_task(self, notification_id: int | None = None, *, at: datetime | None = None,
+                            scheduled: bool = False) -> list[tuple[int, str, str]]:
+        """Notifications due to be sent (queued, sending or falling back, and ``scheduled`` ones
+        too when asked; not set aside, waiting for no time past ``at``, by default now) with no
+        send task in the broker: all of them, or the one asked about."""
         rows = self.raw.execute(
             "SELECT n.id, n.event_id, n.state, n.error_kind, n.send_at, n.next_try_at FROM notifications n"
             + (" WHERE n.id = ?" if notification_id is not None else ""),
             (notification_id,) if notification_id is not None else ()).fetchall()
-        now = self.clock.utc()
+        now = self.clock.utc() if at is None else at
         tasks = {task.arg for task in self.broker.tasks if task.kind == SEND}
         return [(nid, event_id, state) for nid, event_id, state, error_kind, *times in rows
-                if state in SENDABLE_STATES and error_kind not in SET_ASIDE_KINDS and nid not in tasks
+                if (state in SENDABLE_STATES or (scheduled and state == "scheduled"))
+                and error_kind not in SET_ASIDE_KINDS and nid not in tasks
                 and not any(moment is not None and as_time(moment) > now for moment in times)]
 
-    def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
+    def _message_of_delivery(self, delivery_row_id: int) -> int | None:
         found = self.raw.execute("SELECT summary FROM webhook_deliveries WHERE id = ?", (delivery_row_id,)).fetchone()
         message_id = json.loads(found[0]).get("message_id") if found and found[0] else None
+        return None if message_id is None else int(message_id)
+
+    def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
+        message_id = self._message_of_delivery(delivery_row_id)
         if message_id is None:
             return None
         attempt = self.raw.execute("SELECT notification_id FROM attempts WHERE message_id = ?", (message_id,)).fetchone()
@@ -849,13 +900,17 @@ class World:
             self.violations.append(Violation("consumer_error", f"outcome d{task.arg} raised {type(error).__name__}"))
             return
         self.note(f"{node.name} {task}: {outcome}")
+        self.said.append(Said("consumer", outcome, self._message_of_delivery(task.arg)))
 
     def _sweeps(self, node: Node) -> None:
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
+        self.sweeps_began = self.clock.utc()
         ctx = self.context(node)
         run_sweep(sessions=self.sessions, enqueuer=self, stale_after_s=self.settings.stale_after_s,
                   clock=self.clock.utc, budget_s=0.8 * self.settings.sweep_interval_s)
-        tracking_sweep(ctx, self, self.enqueue_outcome)
+        report = tracking_sweep(ctx, self, self.enqueue_outcome)
+        self.said += [Said("read-back", word) for word in report.reconciled]
+        self.said += [Said("deadline", word) for word in report.deadline_decisions]
 
     def _deliver(self, node: Node) -> None:
         pending = self.workspace.pending_deliveries()
