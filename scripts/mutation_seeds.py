@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 MUTATED = ("dispatcher/lifecycle/moves.py", "dispatcher/sending/send.py", "dispatcher/tracking/outcomes.py")
 RANDOM_WORLDS = ("small", "contention", "refusals", "opt-outs", "crash-loop", "cancels", "schedules", "lost-answers",
-                 "redeliveries", "provider-refusals", "outage", "retries", "quiet-hours", "publish-refusals")
+                 "redeliveries", "provider-refusals", "outage", "retries", "quiet-hours", "publish-refusals", "contract")
 
 Seed = tuple[str, int]
 
@@ -71,12 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0-23", help="a range of seeds of every random world (default 0-23)")
     parser.add_argument("--gain", type=int, default=8, help="the fewest new branches a seed must add (default 8)")
+    parser.add_argument("--worlds", default=",".join(RANDOM_WORLDS),
+                        help="the worlds whose seeds are tried, comma-separated (default: every random world)")
     args = parser.parse_args(argv)
     from tests.simulation.test_simulation import MUTATION_WORLDS
 
     selection: list[Seed] = [(world, number) for world, number in MUTATION_WORLDS]
     first, _, last = args.seeds.partition("-")
-    seeds = sorted({(world, number) for world in RANDOM_WORLDS for number in range(int(first), int(last or first) + 1)}
+    worlds = [world for world in args.worlds.split(",") if world]
+    if unknown := sorted(set(worlds) - set(RANDOM_WORLDS)):
+        parser.error(f"--worlds: no random world {unknown[0]!r} (one of: {', '.join(RANDOM_WORLDS)})")
+    seeds = sorted({(world, number) for world in worlds for number in range(int(first), int(last or first) + 1)}
                    | set(selection))  # the selection's own seeds are measured too, whatever their numbers
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(branches_of, seeds))

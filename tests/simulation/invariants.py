@@ -51,7 +51,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   attempt in flight names where its call goes and holds a lease, and only an attempt in flight holds
   one; a reported or failed attempt has the time of its status; an ended notification shows its end
   as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
-  moves whenever its state does; a failed notification has its fallback decision.
+  moves whenever its state does; a failed notification has its fallback decision; a send run that
+  ends without crashing leaves no attempt it claimed in flight (World._left_in_flight).
 * ``outcome_word``: a run's outcome word is one docs/tracking.md lists ("Outcome words") and
   agrees with the store and the workspace (:func:`_outcome_words`).
 

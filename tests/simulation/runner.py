@@ -134,6 +134,9 @@ WORLDS: dict[str, WorldSpec] = {
     # next opening past the send deadline and fails saying so.
     "quiet-hours": WorldSpec(notifications=3, faults=4, fault_rate=0.1, kind_count=6,
                              route_windows=(("reminders", "08:01-20:00"), ("sms", "08:02-08:03"))),
+    # The contract's nominal workspace (its events carry the status, and it retries a failed
+    # delivery), which the client accepts besides the stock one.
+    "contract": WorldSpec(profile="contract", kind_count=6),
     # The broker refuses publishes now and then (Redis away for a moment): a decision's fallback,
     # a retry, a template resend and the sweep's own batches are left to the next sweep.
     "publish-refusals": WorldSpec(notifications=3, faults=8, fault_rate=0.2, publish_refusals=6, refusals=True,

@@ -118,10 +118,11 @@ def _drive(coroutine: Any) -> None:
 
 
 @cache
-def stock_config() -> SandboxConfig:
+def stock_config(profile: str = "stock") -> SandboxConfig:
     """The stock workspace of the field notes (the sandbox's default), read once per process, with
-    the simulation's unreachable number added to its recipient rules."""
-    config = load_config()
+    the simulation's unreachable number added to its recipient rules; ``profile="contract"``: the
+    contract's nominal workspace instead (its events carry the status), with the same rules."""
+    config = load_config(profile=profile)
     unreachable = RecipientRule(phone_prefix=UNREACHABLE_PREFIX, inbox_ids=[1, 2], effect="fail",
                                 external_error="30003: Unreachable destination handset")
     return config.model_copy(update={"recipient_rules": [*config.recipient_rules, unreachable]})
@@ -130,8 +131,8 @@ def stock_config() -> SandboxConfig:
 class SimWorkspace(httpx.BaseTransport):
     """The stock sandbox behind an httpx transport, with a fault chosen per call."""
 
-    def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int]) -> None:
-        config = stock_config()
+    def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int], *, profile: str = "stock") -> None:
+        config = stock_config(profile)
         self.loop = SimLoop(clock)
         self.sandbox = Sandbox(config)
         store = self.sandbox.store

@@ -324,6 +324,7 @@ class WorldSpec:
     # The broker refuses this many publishes (Redis away for a moment), apart from ``faults``: the
     # rows are the next sweep's.
     publish_refusals: int = 0
+    profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
     route_windows: tuple[tuple[str, str], ...] = ()  # quiet hours: (route, its send_window in UTC), as a clinic sets them
@@ -383,7 +384,7 @@ class World:
         self.open_transactions = 0
         self.running: Node | None = None
         self.main = greenlet.getcurrent()
-        self.workspace = SimWorkspace(self.clock.time, self._call_fault)
+        self.workspace = SimWorkspace(self.clock.time, self._call_fault, profile=spec.profile)
         self.settings = settings(self.workspace.webhook_secret)
         if spec.settings_changes:
             self.settings = self.settings.model_copy(update=dict(spec.settings_changes))
@@ -411,6 +412,7 @@ class World:
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.sweeps_began = self.clock.utc()
         self.said: list[Said] = []
+        self.claims_at_start: dict[str, dict[int, int]] = {}  # a send run's attempts' claims as it began
         self.publish_refusals_left = spec.publish_refusals  # the outcome words runs ended with since the last check
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
@@ -771,6 +773,8 @@ class World:
                 finished, node.task, node.doing, node.at = node.task, None, "", ""
                 if finished is not None:
                     self._left_to_the_sweep(node, finished)
+                    if finished.kind == SEND:
+                        self._left_in_flight(node, finished)
                 elif node.kind == "beat":
                     self._left_by_the_sweep(node)
 
@@ -788,6 +792,24 @@ class World:
         node.task, node.doing, node.at, node.context = None, "", "", None
         node.down_until = self.clock.now + (1.0 if not whole else 10.0)
         self.orphaned_by_crash |= {nid for nid, _, _ in self._due_without_a_task()}
+
+    def _left_in_flight(self, node: Node, finished: Task) -> None:
+        """``record_matches``: a send run that ends without crashing leaves no attempt of its
+        notification in flight (claimed for a createMessage call) unless another run holds it:
+        an attempt stays in flight only while a call may be under way, so that a lease is never
+        left for the next run to wait out after an answer came back."""
+        claims_before = self.claims_at_start.pop(node.name, {})
+        if any(other is not node and other.busy and other.task is not None and other.task.kind == SEND
+               and other.task.arg == finished.arg for other in self.nodes):
+            return
+        for number, claims in self._claims_of(finished.arg, in_flight=True).items():
+            if claims != claims_before.get(number):  # claimed by this run (one a crashed run claimed waits out its lease)
+                self.violations.append(Violation("record_matches", f"n{finished.arg}: attempt {number} left in flight "
+                                                 f"after {node.name} finished {finished}"))
+
+    def _claims_of(self, notification_id: int, *, in_flight: bool = False) -> dict[int, int]:
+        return dict(self.raw.execute("SELECT number, claims FROM attempts WHERE notification_id = ?"
+                                     + (" AND state = 'in_flight'" if in_flight else ""), (notification_id,)))
 
     def _left_to_the_sweep(self, node: Node, finished: Task) -> None:
         """``published_at_once``: a run that ends without crashing leaves its notification, when it
@@ -870,6 +892,8 @@ class World:
             self.note(f"broker: {task} delivered twice")
         self.note(f"{node.name} runs {task}")
         work = self._send if task.kind == SEND else self._outcome
+        if task.kind == SEND:
+            self.claims_at_start[node.name] = self._claims_of(task.arg)
         self._start(node, str(task), lambda node: work(node, task), task)
 
     def _send(self, node: Node, task: Task) -> None:
