@@ -44,7 +44,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   event failed in the workspace; ``crash_loop`` only while its attempt's runs are past
   ``send_max_runs``; ``cancelled`` only when the host asked to cancel it; never ``no_consent`` (no route of these worlds needs consent);
   and a fallback decided "not delivered by the deadline" only for a message whose failure the
-  store did not hold yet (else the failure's reason decides).
+  store did not hold yet (else the failure's reason decides); a decision's reason names the
+  failure it follows (``send_failed (<kind>)``) and never says ``None``.
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
@@ -53,6 +54,10 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
   moves whenever its state does; a failed notification has its fallback decision; a send run that
   ends without crashing leaves no attempt it claimed in flight (World._left_in_flight).
+* ``falls_back_as_documented``: a decision that follows a first attempt's (or its template
+  resend's) failure falls back exactly when docs/notifications.md's "Error kinds" table says that
+  kind does ("yes") and the notification has a configured fallback route; never for a "no" (the
+  table is read, not copied; kinds that depend on a provider's code are left to ``true_reason``).
 * ``outcome_word``: a run's outcome word is one docs/tracking.md lists ("Outcome words") and
   agrees with the store and the workspace (:func:`_outcome_words`).
 
@@ -224,15 +229,27 @@ def _deadline_decision_on_a_live_message(world: World, n: _Row) -> list[Violatio
     decides, as the failure's own decision would have: "undeliverable (131026)", not "not
     delivered by the deadline")."""
     row = world.raw.execute(
-        "SELECT n.fallback_reason, n.fallback_decided_at, a.state, a.status_at FROM notifications n "
+        "SELECT n.fallback_reason, n.fallback_decided_at, a.state, a.status_at, a.error_kind, a.purpose, n.fallback_route "
+        "FROM notifications n "
         "JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt"
         " - CASE WHEN n.fallback_decision = 'fallback' THEN 1 ELSE 0 END WHERE n.id = ?", (n.id,)).fetchone()
     if row is None:
         return []
-    reason, decided_at, state, status_at = row
+    reason, decided_at, state, status_at, error_kind, purpose, fallback_route = row
     if (reason or "").startswith(DEADLINE_REASON) and state == AttemptState.FAILED and status_at is not None \
             and as_time(status_at) < as_time(decided_at):
         return [Violation("true_reason", f"{n.event_id}: decided '{reason}' after its message's failure was recorded")]
+    if "None" in (reason or "") or (
+            (reason or "").startswith("send_failed (") and state == AttemptState.FAILED
+            and not reason.startswith(f"send_failed ({error_kind})")):
+        return [Violation("true_reason", f"{n.event_id}: decided for the reason '{reason}' after a failure {error_kind}")]
+    documented = documented_fallbacks().get(error_kind or "")
+    if state != AttemptState.FAILED or purpose not in ("first", "template") or documented is None:
+        return []  # a deadline's decision, or a kind whose fallback depends on more (a provider's code)
+    can_fall_back = fallback_route is not None and fallback_route in world.settings.routes
+    if (n.fallback_decision == "fallback") != (documented and can_fall_back):
+        return [Violation("falls_back_as_documented", f"{n.event_id}: decided {n.fallback_decision} after a failure "
+                          f"{error_kind}, which docs/notifications.md says {'falls' if documented else 'does not fall'} back")]
     return []
 
 
@@ -616,6 +633,24 @@ def _what_the_workspace_holds(world: World, what: Said) -> list[Violation]:
 # What a delivery's word says of its notification: (column, value).
 WORD_NEEDS = {"fallback": ("decision", "fallback"), "no_fallback": ("decision", "none"),
               "fallback_failed": ("state", "failed")}
+
+
+@cache
+def documented_fallbacks() -> dict[str, bool]:
+    """Whether a first attempt's failure of each kind falls back, as docs/notifications.md's
+    "Error kinds" table says ("yes"; "no", or "waits; no, when it fails"); kinds whose answer
+    depends on more (a provider's code) or that never end an attempt are left out."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "notifications.md").read_text()
+    section = text[text.index("## Error kinds"):]
+    end = section.find("\n## ", 1)
+    table = section if end < 0 else section[:end]
+    found = {}
+    for kind, falls_back in re.findall(r"^\| `([a-z_]+)` \|[^|]*\|[^|]*\| ([^|]*) \|", table, flags=re.MULTILINE):
+        if falls_back.startswith("yes"):
+            found[kind] = True
+        elif falls_back.startswith("no") or "no, when it fails" in falls_back:
+            found[kind] = False
+    return found
 
 
 @cache

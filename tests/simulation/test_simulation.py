@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, AttemptPurpose, NotificationState
+from dispatcher.policy import fallback
 from dispatcher.sending import send
 from dispatcher.store.models import Notification
 from dispatcher.tracking import outcomes
@@ -224,6 +225,15 @@ def test_a_sweep_that_leaves_due_rows_unpublished_is_caught(monkeypatch: pytest.
     outcome = run(WORLDS["schedules"], seed=0, keep_trace=False)
     assert [(v.invariant, "after beat's sweeps" in v.detail) for v in outcome.violations][:1] == [
         ("published_at_once", True)]
+
+
+def test_a_fallback_the_docs_rule_out_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """falls_back_as_documented bites: a policy that lets ``unreachable`` at the send deadline fall
+    back (as ``send_deadline`` did until issue 24's fourth session) breaks it in outage seed 6."""
+    assert run(WORLDS["outage"], seed=6, keep_trace=False).ok
+    monkeypatch.setattr(fallback, "_SEND_FAILURES_WITHOUT_FALLBACK", fallback._SEND_FAILURES_WITHOUT_FALLBACK - {"unreachable"})
+    outcome = run(WORLDS["outage"], seed=6, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["falls_back_as_documented"]
 
 
 def test_an_attempt_left_in_flight_after_an_answer_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
