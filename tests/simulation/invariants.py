@@ -580,7 +580,8 @@ def _outcome_words(world: World) -> list[Violation]:
     """``outcome_word``: each word a run ended with is one docs/tracking.md lists ("Outcome
     words"), and a delivery's word agrees with the store: ``applied_<state>`` only once its attempt
     holds that state or a later one, ``fallback`` and ``no_fallback`` only with that decision
-    written, ``fallback_failed`` only for a failed notification (``owed_`` words alike)."""
+    written, ``fallback_failed`` only for a failed notification (``owed_`` words alike); a report
+    that names a message is never ``ignored``."""
     found = []
     said, world.said = world.said, []
     words = documented_outcome_words()
@@ -590,6 +591,9 @@ def _outcome_words(world: World) -> list[Violation]:
             found.append(Violation("outcome_word", f"the {what.who} said {what.word!r}: docs/tracking.md does not list it"))
             continue
         if what.message_id is None:
+            continue
+        if what.who == "consumer" and word == "ignored":  # said of other events, or of a notification gone
+            found.append(Violation("outcome_word", f"the consumer ignored the report of message {what.message_id}"))
             continue
         if what.who == "consumer" and word in ("no_status", "opted_in"):
             found += _what_the_workspace_holds(world, what)

@@ -935,6 +935,9 @@ class World:
         report = tracking_sweep(ctx, self, self.enqueue_outcome)
         self.said += [Said("read-back", word) for word in report.reconciled]
         self.said += [Said("deadline", word) for word in report.deadline_decisions]
+        counts = [*report.reconciled.values(), *report.deadline_decisions.values(), report.republished, report.repaired]
+        if not all(isinstance(count, int) and count >= 0 for count in counts) or 0 in report.reconciled.values():
+            self.violations.append(Violation("outcome_word", f"the sweep's report counts {report}"))  # what beat returns
 
     def _deliver(self, node: Node) -> None:
         pending = self.workspace.pending_deliveries()
