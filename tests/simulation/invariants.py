@@ -639,15 +639,20 @@ WORD_NEEDS = {"fallback": ("decision", "fallback"), "no_fallback": ("decision", 
               "fallback_failed": ("state", "failed")}
 
 
+def _docs_section(name: str, heading: str) -> str:
+    """One section of a page of docs/, from its heading to the next: the tables the checks read."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / name).read_text()
+    section = text[text.index(heading):]
+    end = section.find("\n## ", 1)
+    return section if end < 0 else section[:end]
+
+
 @cache
 def documented_fallbacks() -> dict[str, bool]:
     """Whether a first attempt's failure of each kind falls back, as docs/notifications.md's
     "Error kinds" table says ("yes"; "no", or "waits; no, when it fails"); kinds whose answer
     depends on more (a provider's code) or that never end an attempt are left out."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "notifications.md").read_text()
-    section = text[text.index("## Error kinds"):]
-    end = section.find("\n## ", 1)
-    table = section if end < 0 else section[:end]
+    table = _docs_section("notifications.md", "## Error kinds")
     found = {}
     for kind, falls_back in re.findall(r"^\| `([a-z_]+)` \|[^|]*\|[^|]*\| ([^|]*) \|", table, flags=re.MULTILINE):
         if falls_back.startswith("yes"):
@@ -661,10 +666,7 @@ def documented_fallbacks() -> dict[str, bool]:
 def documented_outcome_words() -> frozenset[str]:
     """The words of docs/tracking.md's "Outcome words" table (``owed_<word>`` stands for an owed
     decision's word): read, not copied."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "tracking.md").read_text()
-    section = text[text.index("## Outcome words"):]
-    end = section.find("\n## ", 1)
-    table = section if end < 0 else section[:end]
+    table = _docs_section("tracking.md", "## Outcome words")
     first_cells = re.findall(r"^\| ([^|]+) \|", table, flags=re.MULTILINE)
     return frozenset(word for cell in first_cells for word in re.findall(r"`([a-z_]+)`", cell))
 
@@ -673,10 +675,7 @@ def documented_outcome_words() -> frozenset[str]:
 def documented_error_kinds() -> frozenset[str]:
     """The kinds a user may see, as docs/notifications.md lists them (its "Error kinds" table):
     read, not copied, so a kind the code writes under another name is caught."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "notifications.md").read_text()
-    section = text[text.index("## Error kinds"):]
-    end = section.find("\n## ", 1)  # the next section
-    table = section if end < 0 else section[:end]
+    table = _docs_section("notifications.md", "## Error kinds")
     return frozenset(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
 
 

@@ -411,9 +411,9 @@ class World:
         self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.sweeps_began = self.clock.utc()
-        self.said: list[Said] = []
+        self.said: list[Said] = []  # the outcome words runs ended with since the last check
         self.claims_at_start: dict[str, dict[int, int]] = {}  # a send run's attempts' claims as it began
-        self.publish_refusals_left = spec.publish_refusals  # the outcome words runs ended with since the last check
+        self.publish_refusals_left = spec.publish_refusals
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.host_events = self._plan_host()
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
