@@ -53,7 +53,7 @@ def test_contended_worlds_keep_every_promise() -> None:
 @pytest.mark.parametrize(("world", "seeds"), [("refusals", 40), ("opt-outs", 40), ("lost-answers", 60), ("crash-loop", 4),
                                               ("cancels", 40), ("schedules", 20), ("provider-refusals", 8),
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
-                                              ("publish-refusals", 12), ("contract", 20)])
+                                              ("publish-refusals", 6), ("contract", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
