@@ -118,10 +118,10 @@ def _drive(coroutine: Any) -> None:
 
 
 @cache
-def stock_config(profile: str = "stock") -> SandboxConfig:
-    """The stock workspace of the field notes (the sandbox's default), read once per process, with
-    the simulation's unreachable number added to its recipient rules; ``profile="contract"``: the
-    contract's nominal workspace instead (its events carry the status), with the same rules."""
+def workspace_config(profile: str = "stock") -> SandboxConfig:
+    """The sandbox's configuration for a profile, read once per process, with the simulation's
+    unreachable number added to its recipient rules: by default the stock workspace of the field
+    notes; ``"contract"``, the contract's nominal workspace (its events carry the status)."""
     config = load_config(profile=profile)
     unreachable = RecipientRule(phone_prefix=UNREACHABLE_PREFIX, inbox_ids=[1, 2], effect="fail",
                                 external_error="30003: Unreachable destination handset")
@@ -132,7 +132,7 @@ class SimWorkspace(httpx.BaseTransport):
     """The stock sandbox behind an httpx transport, with a fault chosen per call."""
 
     def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int], *, profile: str = "stock") -> None:
-        config = stock_config(profile)
+        config = workspace_config(profile)
         self.loop = SimLoop(clock)
         self.sandbox = Sandbox(config)
         store = self.sandbox.store
