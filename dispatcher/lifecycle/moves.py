@@ -286,11 +286,12 @@ def release(session: Session, *, attempt_id: int, seen_claims: int, now: datetim
 
 
 def mark_unknown(session: Session, *, attempt_id: int, seen_claims: int, now: datetime,
-                 no_resend_reason: str | None = None) -> bool:
-    """createMessage ended without an answer. ``no_resend_reason``: the next run looks, never resends."""
+                 no_resend: tuple[str, str] | None = None) -> bool:
+    """createMessage ended without an answer. ``no_resend`` (an error_kind and its detail): the
+    next run looks, never resends; the attempt shows why until that run ends it."""
     values: dict[str, Any] = {"state": AttemptState.UNKNOWN, "lease_until": None, "updated_at": now}
-    if no_resend_reason is not None:
-        values["error_kind"] = no_resend_reason
+    if no_resend is not None:
+        values["error_kind"], values["error_detail"] = no_resend[0], _detail(no_resend[1])
     return _won(session.execute(
         update(ATTEMPTS)
         .where(_held(attempt_id, seen_claims, now),
@@ -406,6 +407,7 @@ def retry_set_aside(session: Session, *, notification_id: int, now: datetime) ->
 
 
 RE_RESOLVING = "re_resolving"  # the attempt's error_kind while it looks its contact up again, once
+RE_RESOLVING_DETAIL = "the workspace no longer has the stored contact or conversation (404): looking them up again, once"
 
 
 def re_resolve(session: Session, *, attempt_id: int, seen_claims: int, now: datetime) -> bool:
@@ -415,7 +417,8 @@ def re_resolve(session: Session, *, attempt_id: int, seen_claims: int, now: date
         .where(_held(attempt_id, seen_claims, now),
                ATTEMPTS.c.state.in_(_starts_for("re_resolve", "attempt", AttemptState.QUEUED)),
                or_(ATTEMPTS.c.error_kind.is_(None), ATTEMPTS.c.error_kind != RE_RESOLVING))
-        .values(state=AttemptState.QUEUED, lease_until=None, error_kind=RE_RESOLVING, updated_at=now)
+        .values(state=AttemptState.QUEUED, lease_until=None, error_kind=RE_RESOLVING, error_detail=RE_RESOLVING_DETAIL,
+                updated_at=now)
     ))
 
 

@@ -176,11 +176,7 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
         # failure counts one of the attempt's tries, so it cannot loop past the retry limit.
     job_or_result = _load(notification_id, ctx)
     if isinstance(job_or_result, _OwedDecision):
-        # Its notification is still to be sent, so the failure's decision is owed: the run that
-        # recorded the failure died before it (or is making it now). Made here, not by the sweep.
-        owed = tracking.finish_owed_decision(notification_id, ctx, ctx.enqueuer)
-        return SendResult(Outcome.SKIPPED, f"attempt {job_or_result.number} is failed"
-                                           + (f"; its owed decision made now: {owed}" if owed else ""))
+        return _make_owed_decision(notification_id, job_or_result.number, ctx)
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
@@ -188,6 +184,14 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
     if result.outcome in (Outcome.RETRY, Outcome.SKIPPED):
         _end_run(job, ctx)
     return result
+
+
+def _make_owed_decision(notification_id: int, number: int, ctx: SendContext) -> SendResult:
+    """The current attempt failed and its notification is still to be sent, so the failure's
+    decision is owed: the run that recorded the failure died before it (or is making it now).
+    Made here, not by the sweep; it calls nothing, so a paused workspace does not hold it up."""
+    owed = tracking.finish_owed_decision(notification_id, ctx, ctx.enqueuer)
+    return SendResult(Outcome.SKIPPED, f"attempt {number} is failed" + (f"; its owed decision made now: {owed}" if owed else ""))
 
 
 def _run_job(job: _Job, gate: object, ctx: SendContext) -> SendResult:
@@ -252,13 +256,17 @@ def _breaker_closed(ctx: SendContext) -> None:
 
 def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, ctx: SendContext) -> SendResult:
     """Record why the notification waits and hand it back for when the pause ends; past its send
-    deadline it fails with that reason instead (nothing is lost before then)."""
+    deadline it fails with that reason instead (nothing is lost before then). A notification whose
+    current attempt has failed waits for nothing: its owed decision needs no call, and it keeps the
+    reason it failed with (never "the workspace is away": the redeliveries world, seed 8, showed
+    a 404 ended as unreachable)."""
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         row = store.load_for_send(session, notification_id)
         if row is None or row.state not in SENDABLE_NOTIFICATION_STATES:
             return SendResult(Outcome.SKIPPED, "nothing to send")
-        if not _past_deadline(row.created_at, row.send_at, now=now, deadline_s=ctx.settings.send_deadline_s):
+        owed = row.attempt_state == AttemptState.FAILED
+        if not owed and not _past_deadline(row.created_at, row.send_at, now=now, deadline_s=ctx.settings.send_deadline_s):
             moves.wait_for_workspace(session, notification_id=notification_id,
                                      attempt_id=held.attempt_id if held else None,
                                      seen_claims=held.claims if held else None,
@@ -266,27 +274,38 @@ def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, c
             wait_s = max(pause.until - time.time(), 1.0)
             return SendResult(Outcome.RETRY, f"workspace paused ({pause.reason})", delay_s=wait_s, deferred=True,
                               paused=True)
-        number, route_name, purpose = _current_attempt(row)
-        route = ctx.settings.routes.get(route_name)
-        attempt = store.open_attempt(session, notification_id=notification_id, number=number, route=route_name,
-                                     channel=route.channel.value if route else "unknown", now=now)
-        error_kind, detail = pause.reason, f"past the send deadline: {pause.detail}"
-        if attempt.state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
-            # A run that claimed it died, or lost createMessage's answer: its message may exist, and
-            # the look for it is what the workspace's absence prevents. Ended as unknown, never a
-            # fallback (the outage world of the simulation, seed 30: a failed record and a fallback
-            # for a message the person had).
-            error_kind = OUTCOME_UNKNOWN
-            detail = f"an earlier try may have sent it and the workspace was away past the send deadline: {pause.detail}"
-        moved = moves.fail_attempt(session, notification_id=notification_id, attempt_id=attempt.id,
-                                   seen_claims=held.claims if held and held.attempt_id == attempt.id else None,
-                                   error_kind=error_kind, detail=detail, now=now)
+        failed = None if owed else _fail_past_deadline(session, row, held, pause, ctx, now=now)
+    if failed is None:
+        return _make_owed_decision(notification_id, row.current_attempt, ctx)
+    error_kind, detail, moved, purpose = failed
     if moved:
         if purpose in AFTER_DECISION_PURPOSES:
             tracking.end_after_fallback_failed(notification_id, error_kind, detail, ctx)
         else:
             tracking.decide_after_send_failure(notification_id, error_kind, detail, ctx, ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{error_kind}: past the send deadline", paused=True)
+
+
+def _fail_past_deadline(session: Session, row: Any, held: _Job | None, pause: Pause, ctx: SendContext, *,
+                        now: datetime) -> tuple[str, str, bool, AttemptPurpose]:
+    """The workspace stayed away past the send deadline: the current attempt fails with the
+    pause's reason (its error_kind, detail, whether this run moved it, and its purpose)."""
+    number, route_name, purpose = _current_attempt(row)
+    route = ctx.settings.routes.get(route_name)
+    attempt = store.open_attempt(session, notification_id=row.id, number=number, route=route_name,
+                                 channel=route.channel.value if route else "unknown", now=now)
+    error_kind, detail = pause.reason, f"past the send deadline: {pause.detail}"
+    if attempt.state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
+        # A run that claimed it died, or lost createMessage's answer: its message may exist, and
+        # the look for it is what the workspace's absence prevents. Ended as unknown, never a
+        # fallback (the outage world of the simulation, seed 30: a failed record and a fallback
+        # for a message the person had).
+        error_kind = OUTCOME_UNKNOWN
+        detail = f"an earlier try may have sent it and the workspace was away past the send deadline: {pause.detail}"
+    moved = moves.fail_attempt(session, notification_id=row.id, attempt_id=attempt.id,
+                               seen_claims=held.claims if held and held.attempt_id == attempt.id else None,
+                               error_kind=error_kind, detail=detail, now=now)
+    return error_kind, detail, moved, purpose
 
 
 def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:
@@ -674,7 +693,7 @@ def _after_failed_create(error: ApiError, job: _Job, ctx: SendContext) -> SendRe
         # policy never gives up blind on an ambiguous write: its answer here is "look first".
         with ctx.sessions.begin() as session:
             moves.mark_unknown(session, attempt_id=job.attempt_id, seen_claims=job.claims, now=ctx.clock(),
-                               no_resend_reason=None if decision.resend_allowed else decision.error_kind)
+                               no_resend=None if decision.resend_allowed else (decision.error_kind, decision.reason))
     elif decision.kind is not DecisionKind.GIVE_UP:
         _release(job, ctx)
     return _apply(decision, job, ctx)

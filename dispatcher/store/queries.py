@@ -63,6 +63,7 @@ _LOAD_FOR_SEND = (
         NOTIFICATIONS.c.category,
         _CURRENT.c.route.label("attempt_route"),  # None until the first attempt's row exists
         _CURRENT.c.purpose.label("attempt_purpose"),
+        _CURRENT.c.state.label("attempt_state"),
         PAYLOADS.c.body,
     )
     .select_from(

@@ -161,7 +161,7 @@ def test_release_and_mark_unknown_only_from_in_flight(sessions: sessionmaker[Ses
     notification_id, [attempt_id] = put(sessions, N.SENDING, A.IN_FLIGHT)
     with sessions.begin() as session:
         assert moves.mark_unknown(session, attempt_id=attempt_id, seen_claims=0, now=NOW,
-                                  no_resend_reason="unreadable_answer")
+                                  no_resend=("unreadable_answer", "createMessage answered 200 without a readable body"))
         assert not moves.release(session, attempt_id=attempt_id, seen_claims=0, now=NOW)  # it is unknown now, not in flight
     assert states(sessions, notification_id) == (N.SENDING, [A.UNKNOWN])
     other, [in_flight] = put(sessions, N.SENDING, A.IN_FLIGHT)

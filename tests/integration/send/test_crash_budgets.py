@@ -232,6 +232,35 @@ def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_
     assert intake.status(context.sessions, "evt-owed").channel == "sms"
 
 
+def test_an_owed_decision_is_made_while_the_workspace_is_away_and_keeps_the_failure_s_reason(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a run that spent the attempt's last try and died right after it recorded the failure,
+    notification_id = _accept(context, "evt-owed-away", "+15550300075")
+    sandbox.set_faults({"searchContacts": {"server_error_share": 1.0}})
+    for _ in range(context.plan.max_tries - 1):
+        assert send_notification(notification_id, context).outcome is Outcome.RETRY
+
+    def after_the_failure_commits(point: str, _: int) -> bool:
+        return point == "after commit" and _attempt(context, notification_id).state == AttemptState.FAILED
+
+    assert _deliver(context, notification_id, after_the_failure_commits) == "died after commit"
+    sandbox.set_faults({})
+    # and then a workspace every worker waits for (another worker's call could not connect)
+    context.breaker.trip("unreachable", "ConnectError")
+    enqueuer = ListEnqueuer()
+    context.enqueuer = enqueuer
+    # When the broker delivers the task again
+    result = send_notification(notification_id, context)
+    # Then the owed decision is made at once (it calls nothing), and the record keeps the reason the
+    # attempt failed with, not the pause's: the simulation's redeliveries world (seed 8) found a
+    # 404's failure shown, and ended, as "unreachable"
+    assert result.outcome is Outcome.SKIPPED and "owed decision made now: fallback" in result.reason, result.reason
+    record = intake.status(context.sessions, "evt-owed-away")
+    assert (record.state, record.error_kind, record.fallback_reason) == (
+        "falling_back", "tries_exhausted", "send_failed (tries_exhausted)")
+    assert enqueuer.sent == [notification_id]
+
+
 def test_a_workspace_away_past_the_send_deadline_ends_a_dead_run_s_attempt_unknown_without_a_fallback(
         context: SendContext, sandbox: SandboxProcess) -> None:
     # Given a run that died right after createMessage reached the workspace (the message exists),
