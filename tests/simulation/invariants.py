@@ -17,7 +17,10 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none): the
   notification's send tasks, all calls counted, refused connections not.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
-* ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail).
+* ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail); a
+  kind never stands without its detail in words, nor a detail without its kind, on any row (a
+  waiting notification's reason, an attempt's mark); no detail says ``None``; a failed
+  notification's kind is its current attempt's (:func:`_reasons_in_words`).
 * ``says_why`` (checked by the scheduler as each send task returns): a run that did not send says
   why, and one that retries says after how long (the task's result, what Flower shows).
 * ``published_at_once`` (checked by the scheduler as a send or consumer run ends without crashing):
@@ -158,9 +161,10 @@ def check(world: World) -> list[Violation]:
             found.append(Violation("one_message", f"{event_id} has {count} free texts refused with 131047 in inbox {inbox_id}"))
     raw = world.raw  # plain SQL on the run's own connection: the checks cost little beside the real code
     notifications = [_Row(*row) for row in raw.execute(
-        "SELECT id, event_id, state, error_kind, fallback_decision, route FROM notifications")]
+        "SELECT id, event_id, state, error_kind, fallback_decision, route, error_detail, current_attempt FROM notifications")]
     attempts = [_Attempt(*row) for row in raw.execute(
-        "SELECT notification_id, number, purpose, state, tries, in_flight_since, route, error_kind FROM attempts")]
+        "SELECT notification_id, number, purpose, state, tries, in_flight_since, route, error_kind, error_detail "
+        "FROM attempts")]
     suppressions = [(key, channel, as_time(since)) for key, channel, since in raw.execute(
         "SELECT recipient_key, channel, since FROM suppressions")] if world.spec.opt_outs else []
     states: dict[tuple[str, int], str] = memory.setdefault("states", {})
@@ -188,8 +192,6 @@ def check(world: World) -> list[Violation]:
                                                f"{n.event_id}: fallback decided while message {message.id} is {message.status}"))
         if fallbacks[n.id] > 1:
             found.append(Violation("one_fallback", f"{n.event_id} has {fallbacks[n.id]} fallback attempts"))
-        if n.state == NotificationState.FAILED and not n.error_kind:
-            found.append(Violation("ended_with_reason", f"{n.event_id} failed without an error_kind"))
     max_tries = world.settings.retry_max_tries
     calls = memory.get("send_calls", {})
     for a in attempts:
@@ -203,6 +205,7 @@ def check(world: World) -> list[Violation]:
                 found.append(Violation("tries_spent_on_calls", f"{event_of.get(a.notification_id)} attempt {a.number} "
                                        f"ended tries_exhausted after {reached} calls of its send tasks reached the "
                                        f"workspace ({a.tries} tries counted)"))
+    found += _reasons_in_words(notifications, attempts, event_of)
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _cancels(world, messages, notifications)
     found += _host_told(world)
@@ -278,6 +281,8 @@ class _Row(NamedTuple):
     error_kind: str | None
     fallback_decision: str | None
     route: str
+    error_detail: str | None
+    current_attempt: int
 
 
 class _Attempt(NamedTuple):
@@ -289,6 +294,42 @@ class _Attempt(NamedTuple):
     in_flight_since: datetime | None
     route: str
     error_kind: str | None
+    error_detail: str | None
+
+
+# A provider's refusal because the person opted out with it (21610) fails the attempt as
+# external_error and the notification as opted_out (docs/notifications.md, "Error kinds").
+NOTIFICATION_KIND_OF_ATTEMPT_KIND = {"external_error": frozenset({"external_error", "opted_out"})}
+
+
+def _reasons_in_words(notifications: list[_Row], attempts: list[_Attempt], event_of: dict[int, str]) -> list[Violation]:
+    """``ended_with_reason``: a failed notification or attempt has an error_kind and a detail in
+    plain words; a kind never stands without its detail nor a detail without its kind (a waiting
+    notification's reason too); a detail never says ``None``; and a failed notification's kind is
+    its current attempt's, as the failure that ended it said it."""
+    found: list[Violation] = []
+    current_kind = {}
+    for row in [*notifications, *attempts]:
+        side = "notification" if isinstance(row, _Row) else f"attempt {row.number}"
+        event_id = row.event_id if isinstance(row, _Row) else event_of.get(row.notification_id)
+        detail = (row.error_detail or "").strip()
+        if row.state == "failed" and not (row.error_kind and detail):
+            found.append(Violation("ended_with_reason", f"{event_id}: {side} failed without an error_kind and a detail"))
+        elif bool(row.error_kind) != bool(detail):
+            found.append(Violation("ended_with_reason", f"{event_id}: {side} has "
+                                   + ("an error_kind without a detail" if row.error_kind else "a detail without an error_kind")))
+        elif "None" in detail:
+            found.append(Violation("ended_with_reason", f"{event_id}: {side}'s detail says None"))
+        if isinstance(row, _Attempt):
+            current_kind[(row.notification_id, row.number)] = row.error_kind
+    for n in notifications:
+        if n.state != NotificationState.FAILED or (n.id, n.current_attempt) not in current_kind:
+            continue
+        attempt_kind = current_kind[(n.id, n.current_attempt)]
+        if attempt_kind and n.error_kind not in NOTIFICATION_KIND_OF_ATTEMPT_KIND.get(attempt_kind, {attempt_kind}):
+            found.append(Violation("ended_with_reason", f"{n.event_id}: failed as {n.error_kind}, "
+                                   f"its attempt {n.current_attempt} as {attempt_kind}"))
+    return found
 
 
 def _forward(found: list[Violation], states: dict[tuple[str, int], str], side: str, key: tuple, state: str) -> None:
@@ -437,8 +478,6 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what}: channel {channel} is not its route's ({route})"))
         if min(tries, runs, claims) < 0 or as_time(updated_at) < as_time(created_at):
             found.append(Violation("record_matches", f"{what}: counts or times out of range"))
-        if state == AttemptState.FAILED and not (error_kind and error_detail):
-            found.append(Violation("ended_with_reason", f"{what} failed without an error_kind and detail"))
         if state == AttemptState.IN_FLIGHT and None in (inbox_id, contact_id, conversation_id, lease_until, in_flight_since):
             found.append(Violation("record_matches", f"{what} is in flight without its target or lease"))
         if state in (AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN) and message_id is not None:
@@ -469,8 +508,6 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what}: times or current attempt out of range"))
         if (decision is None) != (decided_at is None) or (decision is not None and not reason):
             found.append(Violation("record_matches", f"{what}: fallback decision {decision} without its reason or time"))
-        if error_kind is not None and not error_detail:
-            found.append(Violation("ended_with_reason", f"{what}: error_kind {error_kind} without a detail"))
         if state == NotificationState.FAILED and decision is None:
             # a failed notification failed its first attempt (or a later one, after the decision):
             # the failure that ends it is the decision's, never written beside it

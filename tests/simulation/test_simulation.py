@@ -246,6 +246,17 @@ def test_an_attempt_left_in_flight_after_an_answer_is_caught(monkeypatch: pytest
     assert [(v.invariant, "left in flight" in v.detail) for v in outcome.violations][:1] == [("record_matches", True)]
 
 
+def test_a_reason_without_its_words_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ended_with_reason bites: an attempt that waits to look its contact up again marked
+    ``re_resolving`` without a detail (as it was until issue 24's sixth session) breaks it in
+    redeliveries seed 11."""
+    assert run(WORLDS["redeliveries"], seed=11, keep_trace=False).ok
+    monkeypatch.setattr(moves, "RE_RESOLVING_DETAIL", None)
+    outcome = run(WORLDS["redeliveries"], seed=11, keep_trace=False)
+    assert [(v.invariant, "an error_kind without a detail" in v.detail) for v in outcome.violations][:1] == [
+        ("ended_with_reason", True)]
+
+
 # The selection mutmut runs against each mutant ([tool.mutmut] in pyproject.toml): a seed a test,
 # so that mutmut stops at the first seed that kills a mutant and runs, for a mutant, only the
 # worlds that reach its function. Each world reaches code the others seldom do.
