@@ -201,11 +201,11 @@ def test_out_of_tries_with_no_earlier_claim_fails_without_a_read(context: SendCo
     assert _create_calls(sandbox) == 0
 
 
-def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_to_the_next_run(
-        context: SendContext, sandbox: SandboxProcess) -> None:
-    # Given a run that spent the attempt's last try (503s on the search) and died right after it
-    # recorded the failure, before the fallback decision
-    notification_id = _accept(context, "evt-owed", "+15550300074")
+def _died_between_a_failure_and_its_decision(context: SendContext, sandbox: SandboxProcess, event_id: str,
+                                             phone: str) -> int:
+    """A notification whose run spent the attempt's last try (503s on the search) and died right
+    after it recorded the failure, before the fallback decision."""
+    notification_id = _accept(context, event_id, phone)
     sandbox.set_faults({"searchContacts": {"server_error_share": 1.0}})
     for _ in range(context.plan.max_tries - 1):
         assert send_notification(notification_id, context).outcome is Outcome.RETRY
@@ -215,6 +215,14 @@ def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_
 
     assert _deliver(context, notification_id, after_the_failure_commits) == "died after commit"
     sandbox.set_faults({})
+    return notification_id
+
+
+def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_to_the_next_run(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a run that spent the attempt's last try (503s on the search) and died right after it
+    # recorded the failure, before the fallback decision
+    notification_id = _died_between_a_failure_and_its_decision(context, sandbox, "evt-owed", "+15550300074")
     record = intake.status(context.sessions, "evt-owed")
     assert (record.attempts[0].error_kind, record.fallback_decision) == ("tries_exhausted", None)
     # When the broker delivers the task again (the worker's child died: late acknowledgement)
@@ -235,16 +243,7 @@ def test_a_run_that_died_between_a_failure_and_its_decision_leaves_the_decision_
 def test_an_owed_decision_is_made_while_the_workspace_is_away_and_keeps_the_failure_s_reason(
         context: SendContext, sandbox: SandboxProcess) -> None:
     # Given a run that spent the attempt's last try and died right after it recorded the failure,
-    notification_id = _accept(context, "evt-owed-away", "+15550300075")
-    sandbox.set_faults({"searchContacts": {"server_error_share": 1.0}})
-    for _ in range(context.plan.max_tries - 1):
-        assert send_notification(notification_id, context).outcome is Outcome.RETRY
-
-    def after_the_failure_commits(point: str, _: int) -> bool:
-        return point == "after commit" and _attempt(context, notification_id).state == AttemptState.FAILED
-
-    assert _deliver(context, notification_id, after_the_failure_commits) == "died after commit"
-    sandbox.set_faults({})
+    notification_id = _died_between_a_failure_and_its_decision(context, sandbox, "evt-owed-away", "+15550300075")
     # and then a workspace every worker waits for (another worker's call could not connect)
     context.breaker.trip("unreachable", "ConnectError")
     enqueuer = ListEnqueuer()
