@@ -277,19 +277,27 @@ def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, c
         failed = None if owed else _fail_past_deadline(session, row, held, pause, ctx, now=now)
     if failed is None:
         return _make_owed_decision(notification_id, row.current_attempt, ctx)
-    error_kind, detail, moved, purpose = failed
-    if moved:
-        if purpose in AFTER_DECISION_PURPOSES:
-            tracking.end_after_fallback_failed(notification_id, error_kind, detail, ctx)
+    if failed.moved:
+        if failed.purpose in AFTER_DECISION_PURPOSES:
+            tracking.end_after_fallback_failed(notification_id, failed.error_kind, failed.detail, ctx)
         else:
-            tracking.decide_after_send_failure(notification_id, error_kind, detail, ctx, ctx.enqueuer)
-    return SendResult(Outcome.FAILED, f"{error_kind}: past the send deadline", paused=True)
+            tracking.decide_after_send_failure(notification_id, failed.error_kind, failed.detail, ctx, ctx.enqueuer)
+    return SendResult(Outcome.FAILED, f"{failed.error_kind}: past the send deadline", paused=True)
+
+
+@dataclass(frozen=True)
+class _DeadlineFailure:
+    """How the current attempt ended past the send deadline, and whether this run ended it."""
+
+    error_kind: str
+    detail: str
+    moved: bool
+    purpose: AttemptPurpose
 
 
 def _fail_past_deadline(session: Session, row: Any, held: _Job | None, pause: Pause, ctx: SendContext, *,
-                        now: datetime) -> tuple[str, str, bool, AttemptPurpose]:
-    """The workspace stayed away past the send deadline: the current attempt fails with the
-    pause's reason (its error_kind, detail, whether this run moved it, and its purpose)."""
+                        now: datetime) -> _DeadlineFailure:
+    """The workspace stayed away past the send deadline: the current attempt fails with the pause's reason."""
     number, route_name, purpose = _current_attempt(row)
     route = ctx.settings.routes.get(route_name)
     attempt = store.open_attempt(session, notification_id=row.id, number=number, route=route_name,
@@ -305,7 +313,7 @@ def _fail_past_deadline(session: Session, row: Any, held: _Job | None, pause: Pa
     moved = moves.fail_attempt(session, notification_id=row.id, attempt_id=attempt.id,
                                seen_claims=held.claims if held and held.attempt_id == attempt.id else None,
                                error_kind=error_kind, detail=detail, now=now)
-    return error_kind, detail, moved, purpose
+    return _DeadlineFailure(error_kind, detail, moved, purpose)
 
 
 def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:
