@@ -53,9 +53,11 @@ from tests.support.worker_process import FAST_TIMERS, ProcessGroup, dispatcher_e
 # --- the run's shape ------------------------------------------------------------------------
 
 BROKERS = ("redis", "rabbitmq")
-# The CI size per broker (notifications, kills at least): the 1,000 on Redis is the long-standing
-# run; issue 22 asks for 300 notifications and 30 kills on RabbitMQ beside it.
-RUN_SIZES = {"redis": (1000, 50), "rabbitmq": (300, 30)}
+# The CI size per broker (notifications, kills at least): issue 20's smaller run on Redis (500
+# notifications, 50 kills; 1,000 until 2026-11-27, cut to keep the README's test command near 15
+# minutes), and issue 22's 300 notifications and 30 kills on RabbitMQ beside it. scripts/chaos
+# runs the large ones.
+RUN_SIZES = {"redis": (500, 50), "rabbitmq": (300, 30)}
 DEFAULT_NOTIFICATIONS, DEFAULT_KILLS = RUN_SIZES["redis"]
 SENDERS = {"sender0": 3, "sender1": 3, "sender2": 3}  # name -> pool processes (send + maintenance queues)
 CONSUMERS = {"consumer0": 2, "consumer1": 2}  # name -> pool processes (outcomes queue only)

@@ -1,7 +1,7 @@
 """Proof under fire: notifications through every real process while a seeded controller kills
 workers, consumers, beat and the receiver, loses a send worker for good, restarts PostgreSQL and
 the broker, and the sandbox misbehaves; then the dispatcher's store is checked against the
-sandbox's own record. On Redis (1,000 notifications, 50 kills) and on RabbitMQ (300, 30: issue
+sandbox's own record. On Redis (500 notifications, 50 kills) and on RabbitMQ (300, 30: issue
 22). See docs/chaos.md.
 
     .venv/bin/pytest tests/chaos -q                      # a fresh seed, printed
