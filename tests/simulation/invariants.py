@@ -89,7 +89,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dispatcher.lifecycle.announce import EVENT_OF_STATE
-from dispatcher.lifecycle.moves import CRASH_LOOP
+from dispatcher.lifecycle.moves import CANCELLED, CRASH_LOOP
 from dispatcher.lifecycle.states import AttemptState, NotificationState, rank
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
@@ -194,7 +194,9 @@ def check(world: World) -> list[Violation]:
             found.append(Violation("one_fallback", f"{n.event_id} has {fallbacks[n.id]} fallback attempts"))
     max_tries = world.settings.retry_max_tries
     calls = memory.get("send_calls", {})
+    tries_of: Counter[int] = Counter()
     for a in attempts:
+        tries_of[a.notification_id] += a.tries
         _forward(found, states, "attempt", ("a", a.notification_id, a.number), a.state)
         if a.tries > max_tries:
             found.append(Violation("tries_bounded", f"{event_of.get(a.notification_id)} attempt {a.number} "
@@ -205,6 +207,10 @@ def check(world: World) -> list[Violation]:
                 found.append(Violation("tries_spent_on_calls", f"{event_of.get(a.notification_id)} attempt {a.number} "
                                        f"ended tries_exhausted after {reached} calls of its send tasks reached the "
                                        f"workspace ({a.tries} tries counted)"))
+    for nid, tries in tries_of.items():
+        if tries > calls.get(nid, 0):
+            found.append(Violation("tries_spent_on_calls", f"{event_of.get(nid)}: its attempts count {tries} provider "
+                                   f"tries, but only {calls.get(nid, 0)} calls of its send tasks reached the workspace"))
     found += _reasons_in_words(notifications, attempts, event_of)
     found += _opt_outs(world, messages, attempts, suppressions, event_of)
     found += _cancels(world, messages, notifications)
@@ -448,6 +454,8 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
     channels = {name: route.channel.value for name, route in world.settings.routes.items()}
     seen: dict[tuple[str, int, int], tuple[tuple[object, ...], str]] = world.memory.setdefault("updated", {})
     messages_of: dict[int, set[int]] = defaultdict(set)
+    channel_of_message: dict[int, str] = {}
+    cancelled_attempts: set[int] = set()  # notifications with an attempt the host's cancel ended
 
     def moved(side: str, key: tuple[int, int], record: tuple[object, ...], updated_at: str, what: str) -> None:
         """``record``: what a reader is shown (state first, its reason, its message); when any of it
@@ -482,9 +490,12 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             found.append(Violation("record_matches", f"{what} is in flight without its target or lease"))
         if state in (AttemptState.QUEUED, AttemptState.IN_FLIGHT, AttemptState.UNKNOWN) and message_id is not None:
             found.append(Violation("record_matches", f"{what} is {state} with a message"))
+        if error_kind == CANCELLED:
+            cancelled_attempts.add(nid)
         if message_id is None:
             continue
         messages_of[nid].add(message_id)
+        channel_of_message[message_id] = channel
         message = by_id.get(message_id)
         if message is None or accepted_at is None:
             found.append(Violation("record_matches", f"{what} names a message the workspace does not have, or no acceptance time"))
@@ -495,12 +506,23 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
                 or conversation.display_id != conversation_id or conversation.contact_id != contact_id
                 or match is None or match.group(1) != event_of.get(nid)):
             found.append(Violation("record_matches", f"{what}: message {message_id} is not where the attempt says"))
-    for (nid, state, current, message_id, inbox_id, conversation_id, accepted_at, decision, reason, decided_at, error_kind,
-         error_detail, created_at, updated_at, delivery_state) in world.raw.execute(
-            "SELECT id, state, current_attempt, message_id, inbox_id, conversation_id, accepted_at, fallback_decision, "
-            "fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at, delivery_state "
-            "FROM notifications"):
+    reasons: dict[int, str] = world.memory.setdefault("fallback_reasons", {})
+    scheduled = world.raw.execute("SELECT id, send_at FROM notifications WHERE state = ?", (NotificationState.SCHEDULED,))
+    for nid, send_at in scheduled:  # a scheduled notification waits for the time its host asked for, no other's
+        asked = world.asked_send_at.get(str(event_of.get(nid)), set())
+        if asked and not any(abs((as_time(send_at) - time).total_seconds()) < 0.001 for time in asked):
+            found.append(Violation("record_matches", f"{event_of.get(nid)} is scheduled for a time its host never asked for"))
+    for (nid, state, current, message_id, inbox_id, conversation_id, channel, accepted_at, decision, reason, decided_at,
+         error_kind, error_detail, created_at, updated_at, delivery_state) in world.raw.execute(
+            "SELECT id, state, current_attempt, message_id, inbox_id, conversation_id, channel, accepted_at, "
+            "fallback_decision, fallback_reason, fallback_decided_at, error_kind, error_detail, created_at, updated_at, "
+            "delivery_state FROM notifications"):
         what = str(event_of.get(nid))
+        if (nid in cancelled_attempts) != (state == NotificationState.CANCELLED):
+            found.append(Violation("record_matches", f"{what} is {state}, and "
+                                   + ("an attempt of it was cancelled" if nid in cancelled_attempts else "no attempt was")))
+        if reason is not None and reasons.setdefault(nid, reason) != reason:
+            found.append(Violation("one_fallback", f"{what}: the fallback decision's reason '{reasons[nid]}' became '{reason}'"))
         moved("n", (nid, 0), (state, error_kind, error_detail, message_id, decision, delivery_state), updated_at, what)
         if state in ENDED_BY_DELIVERY and delivery_state != state:
             found.append(Violation("record_matches", f"{what} ended {state} showing delivery state {delivery_state}"))
@@ -520,7 +542,8 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
         message = by_id.get(message_id)
         if message_id not in messages_of.get(nid, ()) or message is None or accepted_at is None:
             found.append(Violation("record_matches", f"{what}: message {message_id} is none of its attempts'"))
-        elif message.inbox_id != inbox_id or conversations[message.conversation_id].display_id != conversation_id:
+        elif (message.inbox_id != inbox_id or conversations[message.conversation_id].display_id != conversation_id
+              or channel != channel_of_message.get(message_id)):
             found.append(Violation("record_matches", f"{what}: message {message_id} is not where the notification says"))
     return found
 

@@ -141,6 +141,12 @@ WORLDS: dict[str, WorldSpec] = {
     # a retry, a template resend and the sweep's own batches are left to the next sweep.
     "publish-refusals": WorldSpec(notifications=3, faults=8, fault_rate=0.2, publish_refusals=6, refusals=True,
                                   kind_count=6),
+    # The workspace as its administrators left it, not as the configuration assumes: patients whose
+    # contact the front desk made with an e-mail address only (kind 10: not_contactable on both
+    # routes) among ordinary ones, and a workspace whose SMS inbox was removed (inbox_not_found on
+    # the SMS route and on every fallback to it).
+    "front-desk-contacts": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 10)),
+    "removed-inbox": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 3, 10), removed_inboxes=(2,)),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -131,11 +131,14 @@ def workspace_config(profile: str = "stock") -> SandboxConfig:
 class SimWorkspace(httpx.BaseTransport):
     """The stock sandbox behind an httpx transport, with a fault chosen per call."""
 
-    def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int], *, profile: str = "stock") -> None:
+    def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int], *, profile: str = "stock",
+                 removed_inboxes: tuple[int, ...] = ()) -> None:
         config = workspace_config(profile)
         self.loop = SimLoop(clock)
         self.sandbox = Sandbox(config)
         store = self.sandbox.store
+        for inbox_id in removed_inboxes:  # removed before the run: nothing of theirs exists
+            del store.inboxes[inbox_id]
         store.clock = clock
         for window in (self.sandbox.searches, self.sandbox.channels.sends, self.sandbox.channels.conversation_messages):
             window.clock = clock
@@ -228,6 +231,11 @@ class SimWorkspace(httpx.BaseTransport):
                                                     custom_attributes={}, additional_attributes={})
         with running(self.loop):
             self.sandbox.receive_message(conversation, content="Hello", age_s=age_s)
+
+    def front_desk_contact(self, *, name: str, identifier: str, email: str) -> None:
+        """The front desk made the patient's contact before the run, with an e-mail address and no
+        phone number: neither the platform inbox nor the SMS inbox can reach it."""
+        self.sandbox.store.create_contact(1, name=name, phone_number=None, email=email, identifier=identifier)
 
     def provider_opted_out(self, *, name: str, phone_number: str, identifier: str) -> None:
         """The contact replied STOP to the SMS provider before the run (before our receiver was

@@ -22,6 +22,7 @@ import json
 import logging
 import random
 import sqlite3
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,7 +40,7 @@ from dispatcher.errors import InvalidEvent, StateConflict, TooLate, UnknownNotif
 from dispatcher.intake.accept import accept
 from dispatcher.intake.request import NotificationRequest
 from dispatcher.lifecycle.moves import CRASH_LOOP, SET_ASIDE_KINDS
-from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES
+from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, SENDABLE_NOTIFICATION_STATES, AttemptState
 from dispatcher.operations import set_aside
 from dispatcher.operations.cancel import cancel as cancel_notification
 from dispatcher.operations.cancel import reschedule as reschedule_notification
@@ -324,6 +325,9 @@ class WorldSpec:
     # The broker refuses this many publishes (Redis away for a moment), apart from ``faults``: the
     # rows are the next sweep's.
     publish_refusals: int = 0
+    # Inboxes an administrator removed from the workspace before the run: the routes that name
+    # them find no inbox (the configuration was not told).
+    removed_inboxes: tuple[int, ...] = ()
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
@@ -384,7 +388,8 @@ class World:
         self.open_transactions = 0
         self.running: Node | None = None
         self.main = greenlet.getcurrent()
-        self.workspace = SimWorkspace(self.clock.time, self._call_fault, profile=spec.profile)
+        self.workspace = SimWorkspace(self.clock.time, self._call_fault, profile=spec.profile,
+                                      removed_inboxes=spec.removed_inboxes)
         self.settings = settings(self.workspace.webhook_secret)
         if spec.settings_changes:
             self.settings = self.settings.model_copy(update=dict(spec.settings_changes))
@@ -409,6 +414,7 @@ class World:
         # the sweep's to find, not published_at_once's to judge, until a task for them is published.
         self.orphaned_by_crash: set[int] = set()
         self.due_after: dict[int, int] = {}  # scheduled notifications: seconds after their hand-over
+        self.asked_send_at: dict[str, set[datetime]] = defaultdict(set)  # event ID -> every send_at its host asked for
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.sweeps_began = self.clock.utc()
         self.said: list[Said] = []  # the outcome words runs ended with since the last check
@@ -494,7 +500,9 @@ class World:
         # the hand-over (free text may be refused with 131047: the approved template goes instead);
         # 7: as 6, to a patient the platform refuses (the template fails too: the fallback goes);
         # 8: WhatsApp refused -> SMS fallback to a number that replied STOP to the SMS provider before
-        # we knew it (the provider refuses it with 21610); 9: SMS to such a number
+        # we knew it (the provider refuses it with 21610); 9: SMS to such a number; 10: WhatsApp with
+        # SMS fallback, to a patient whose contact the front desk made with an e-mail address only
+        # (found by its identifier, it has no binding to either inbox: not_contactable on both routes)
         if self.spec.kinds:
             kind = self.spec.kinds[index]
         elif self.spec.kind_pool:
@@ -509,6 +517,8 @@ class World:
         if kind in (8, 9):
             self.provider_opted_out.add(index)
             self.workspace.provider_opted_out(name="Patient", phone_number=phone, identifier=f"patient-{index}")
+        if kind == 10:
+            self.workspace.front_desk_contact(name="Patient", identifier=f"patient-{index}", email=f"patient-{index}@example.org")
         if kind in (6, 7):
             handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
             closes_in = handed_over_at - self.clock.now + WINDOW_CLOSE_STEP_S * self.choices.pick(WINDOW_CLOSE_STEPS)
@@ -522,6 +532,7 @@ class World:
             handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
             due = self.clock.utc() + timedelta(seconds=handed_over_at - self.clock.now + self.due_after[index])
             body["send_at"] = due.isoformat()
+            self.asked_send_at[event_id].add(due)
         if kind in (2, 9):
             body["route"] = "sms"
         else:
@@ -904,6 +915,13 @@ class World:
             self.violations.append(Violation("says_why", f"send n{task.arg} ended {result.outcome.value} without a reason"))
         if result.outcome is SendOutcome.RETRY and not result.delay_s > 0:
             self.violations.append(Violation("says_why", f"send n{task.arg} retries without a delay"))
+        if result.outcome is SendOutcome.RETRY and (result.paused or result.reason.startswith("quiet hours")):
+            # the waits docs/notifications.md says a notification shows (auth, unreachable, quiet_hours);
+            # our own limiter's and a conversation's short waits do not
+            shown = self.raw.execute("SELECT error_kind, error_detail FROM notifications WHERE id = ?", (task.arg,)).fetchone()
+            if shown is None or not all(shown):
+                self.violations.append(Violation("visibly_waiting", f"send n{task.arg} waits {result.delay_s:.0f} s "
+                                                 f"({result.reason}) and the notification does not say why"))
         countdown = schedule_next_run(task.arg, result, ctx)
         self.note(f"{node.name} {task}: {result.outcome.value}{f' ({result.reason})' if result.reason else ''}")
         if countdown is not None:
@@ -1007,6 +1025,7 @@ class World:
         """The host moves the notification to 1 to 20 s from now (the real operation)."""
         event_id = f"ev-{index}"
         send_at = self.clock.utc() + timedelta(seconds=1 + self.choices.pick(20))
+        self.asked_send_at[event_id].add(send_at)  # asked, whether or not the answer comes back
         try:
             record = reschedule_notification(self.sessions, self.settings, event_id, send_at, clock=self.clock.utc)
         except (TooLate, UnknownNotification) as late:
@@ -1023,6 +1042,9 @@ class World:
             record = cancel_notification(self.sessions, event_id, clock=self.clock.utc)
         except TooLate as late:
             self.note(f"host cancels {event_id}: too late ({late.state})")
+            if late.state in CANCELLABLE_NOTIFICATION_STATES and not self._claimed(event_id):
+                self.violations.append(Violation("host_told", f"the cancel of {event_id} answered too late "
+                                                 "though no run had claimed its attempt"))
             return
         except UnknownNotification:  # its hand-over died with the host and comes again: nothing to cancel yet
             self.note(f"host cancels {event_id}: not handed over yet")
@@ -1030,6 +1052,14 @@ class World:
         self.note(f"host cancels {event_id}: {record.state}")
         if record.state != "cancelled":  # the operation's contract: cancelled, or TooLate with the state it is in
             self.violations.append(Violation("host_told", f"the cancel of {event_id} answered {record.state} without TooLate"))
+
+    def _claimed(self, event_id: str) -> bool:
+        """Whether a run has claimed the notification's current attempt, or it is no longer queued:
+        then a cancel is too late (its message may exist)."""
+        row = self.raw.execute(
+            "SELECT a.claims, a.state FROM notifications n LEFT JOIN attempts a ON a.notification_id = n.id "
+            "AND a.number = n.current_attempt WHERE n.event_id = ?", (event_id,)).fetchone()
+        return row is not None and row[0] is not None and (row[0] > 0 or row[1] != AttemptState.QUEUED)
 
     def _set_aside_due(self, now: float) -> str | None:
         """A notification set aside a minute ago or more (the operator looks, finds the cause, retries)."""
