@@ -737,7 +737,10 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
                                                           plan=readback_plan_of(ctx.settings)))
         if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
-        if job.drops_payload_on_acceptance:
+        # An adopted message may already be delivered or read (its reports came while its send
+        # was unrecorded, and no later report will drop the content): no other attempt can be
+        # needed any more, as when the consumer applies delivered.
+        if job.drops_payload_on_acceptance or state in (AttemptState.DELIVERED, AttemptState.READ):
             store.drop_payload(session, job.notification_id)
     if reported is AttemptState.FAILED:
         tracking.apply_outcome(tracking.Outcome(message.id, "failed", message.external_error), ctx, ctx.enqueuer)

@@ -217,6 +217,7 @@ def check(world: World) -> list[Violation]:
     found += _host_told(world)
     found += _on_time(world, messages)
     found += _records_match(world, messages, event_of)
+    found += _content_goes(world)
     found += _true_reasons(world, messages, event_of)
     found += _outcome_words(world)
     found += _logs(world)
@@ -545,6 +546,30 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
         elif (message.inbox_id != inbox_id or conversations[message.conversation_id].display_id != conversation_id
               or channel != channel_of_message.get(message_id)):
             found.append(Violation("record_matches", f"{what}: message {message_id} is not where the notification says"))
+    return found
+
+
+# Ended: no send can follow. Delivered too: its attempt reached the person, nothing more goes.
+NO_MORE_SENDS = frozenset({NotificationState.READ, NotificationState.DELIVERED, NotificationState.FAILED,
+                           NotificationState.CANCELLED})
+ACCEPTED_STATES = frozenset({NotificationState.ACCEPTED, NotificationState.SENT})
+
+
+def _content_goes(world: World) -> list[Violation]:
+    """``content_goes``: a notification's content and contact details (its payloads row) are
+    deleted in the step that makes any further send impossible (docs/notifications.md, "What is
+    kept"): once it is delivered, read, failed or cancelled, and once an attempt no other can
+    follow was accepted (the fallback's, a retry's, or one with no fallback route whose request
+    carries no template to resend)."""
+    found = []
+    for event_id, state, fallback_route, purpose in world.raw.execute(
+            "SELECT n.event_id, n.state, n.fallback_route, a.purpose FROM notifications n "
+            "JOIN payloads p ON p.notification_id = n.id "
+            "LEFT JOIN attempts a ON a.notification_id = n.id AND a.number = n.current_attempt"):
+        request = world.requests[int(event_id.split("-")[1])]
+        last_possible = purpose in ("fallback", "retry") or (fallback_route is None and request.template is None)
+        if state in NO_MORE_SENDS or (state in ACCEPTED_STATES and last_possible):
+            found.append(Violation("content_goes", f"{event_id} is {state} and still holds its content"))
     return found
 
 
