@@ -5,7 +5,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``one_message``: at most one message per event and route in the workspace; besides it, at most
   one free text the platform refused outside the service window (131047), which the approved
   template then replaced (the lifecycle's ``resend_as_template``).
-* ``one_fallback``: the fallback decision is written once and never changes; at most one fallback attempt.
+* ``one_fallback``: the fallback decision is written once and never changes, nor does its reason; at
+  most one fallback attempt.
 * ``forward_only``: a notification's and an attempt's state only take the lifecycle table's edges
   (dispatcher/lifecycle/table.py, its own MOVES: read, not copied), possibly several in one step.
 * ``no_send_after_opt_out``: no message whose claim came after the recipient's opt-out was committed.
@@ -15,7 +16,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   createMessage calls than that.
 * ``tries_spent_on_calls``: an attempt that ends ``tries_exhausted`` made at least
   ``retry_max_tries`` calls that reached the workspace (redeliveries and crashes spend none): the
-  notification's send tasks, all calls counted, refused connections not.
+  notification's send tasks, all calls counted, refused connections not; and a notification's
+  attempts together count no more tries than such calls.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail); a
   kind never stands without its detail in words, nor a detail without its kind, on any row (a
@@ -33,7 +35,13 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   last moved it).
 * ``host_told``: every state a host is told of (accepted, sent, delivered, read, fell back, failed,
   cancelled) has its outcome callback for the current attempt, written in the move's transaction;
-  at the end, each notification's callbacks are numbered without a gap and only move forward.
+  at the end, each notification's callbacks are numbered without a gap and only move forward. A
+  cancel answers too late only when a run claimed the current attempt or it is not queued
+  (checked by the scheduler as the host's cancel returns).
+* ``visibly_waiting`` (checked by the scheduler as each send task returns): a run that waits for
+  quiet hours or a paused workspace leaves the notification showing why.
+* ``content_goes``: a notification's content is deleted once no send can follow
+  (:func:`_content_goes`).
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message), says
   something (a message, no ``None`` among its arguments) and holds no phone number, no message
   content and no token: what an operator's log would show.
@@ -48,14 +56,18 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   ``send_max_runs``; ``cancelled`` only when the host asked to cancel it; never ``no_consent`` (no route of these worlds needs consent);
   and a fallback decided "not delivered by the deadline" only for a message whose failure the
   store did not hold yet (else the failure's reason decides); a decision's reason names the
-  failure it follows (``send_failed (<kind>)``) and never says ``None``.
+  failure it follows (``send_failed (<kind>)``) and never says ``None``; and a notification whose
+  last message failed with a provider's opt-out code ends ``opted_out``.
 * ``record_matches``: what the store says was sent is what the workspace holds: an attempt with a
   message ID names that message's inbox (its route's), conversation and contact, the message carries
   its notification's event, and the notification's record names one of its attempts' messages; an
   attempt in flight names where its call goes and holds a lease, and only an attempt in flight holds
   one; a reported or failed attempt has the time of its status; an ended notification shows its end
   as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
-  moves whenever its state does; a failed notification has its fallback decision; a send run that
+  moves whenever its state does; a failed notification has its fallback decision; its channel is
+  that of the attempt whose message it shows; an attempt a cancel ended belongs to a cancelled
+  notification and a cancelled one has such an attempt; a scheduled notification waits for a time
+  its host asked for; a send run that
   ends without crashing leaves no attempt it claimed in flight (World._left_in_flight).
 * ``falls_back_as_documented``: a decision that follows a first attempt's (or its template
   resend's) failure falls back exactly when docs/notifications.md's "Error kinds" table says that
@@ -627,19 +639,32 @@ def _every_message_known(world: World) -> list[Violation]:
 REASON_NEEDS_FAULT = {"rejected": "422", "not_found": "404"}
 
 
+# The providers' words for "this person opted out" (docs/opt-outs.md): a notification whose last
+# message failed with one of them ends opted_out, not external_error.
+PROVIDER_OPT_OUT_CODES = ("21610", "131050")
+
+
 def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> list[Violation]:
     found: list[Violation] = []
     said_no = (set(world.opted_out_at) | {index for index, _channel in world.stop_messages.values()}  # asked, at least
                | world.provider_opted_out)
     failed_events = {match.group(1) for m in messages if m.status == "failed"
                      and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None}
+    last_failure: dict[str, str] = {}  # event ID -> its latest failed message's error (messages in ID order)
+    for m in sorted(messages, key=lambda m: m.id):
+        if m.status == "failed" and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None:
+            last_failure[match.group(1)] = m.external_error or ""
     met = world.memory.get("met", {})
     max_runs = world.settings.send_max_runs
     rows = world.raw.execute(
-        "SELECT n.id, n.event_id, n.error_kind, a.error_kind, a.runs, a.number = n.current_attempt "
+        "SELECT n.id, n.event_id, n.error_kind, a.error_kind, a.runs, a.number = n.current_attempt, n.state "
         "FROM notifications n LEFT JOIN attempts a ON a.notification_id = n.id")
-    for nid, event_id, notification_kind, attempt_kind, runs, current in rows:
+    for nid, event_id, notification_kind, attempt_kind, runs, current, state in rows:
         index = int(event_id.split("-")[1])
+        if (state == NotificationState.FAILED and notification_kind == "external_error"
+                and last_failure.get(event_id, "").startswith(PROVIDER_OPT_OUT_CODES)):
+            found.append(Violation("true_reason", f"{event_id}: failed external_error, but its last message failed "
+                                   "because the recipient opted out with the provider (opted_out)"))
         for side, kind in (("notification", notification_kind), ("attempt", attempt_kind)):
             if kind is None:
                 continue

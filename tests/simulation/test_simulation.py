@@ -87,11 +87,13 @@ def test_a_seed_replays_step_for_step() -> None:
 def test_the_faults_happen() -> None:
     """The small world's seeds do crash processes, lose answers, and drop and repeat deliveries
     (a simulation that injected nothing would keep every promise trivially)."""
-    lines = [line for seed in range(40) for line in run(WORLDS["small"], seed=seed).trace]
+    # The first 10 seeds hold every kind (seed 9 is the first to crash the receiver); 40 until
+    # 2026-11-27, when the suite's time was cut. The seeds' own promises are test_small_worlds'.
+    lines = [line for seed in range(12) for line in run(WORLDS["small"], seed=seed).trace]
     for kind in ("crash worker", "crash consumer", "crash beat", "crash receiver", "fault answer lost",
                  "fault 429", "fault 500", "fault 401", "webhook dropped", "(twice)", "delivered twice",
                  "comes back after the visibility timeout", "requeued"):
-        assert any(kind in line for line in lines), f"no '{kind}' in 40 seeds"
+        assert any(kind in line for line in lines), f"no '{kind}' in 12 seeds"
 
 
 def test_the_mutation_worlds_reach_what_they_are_for() -> None:
@@ -313,6 +315,7 @@ MUTATION_WORLDS = (
     # the workspace as its administrators left it (`--worlds front-desk-contacts,removed-inbox --seeds 0-15
     # --gain 3`): 2,982 branches before, 3,038 after
     + [("removed-inbox", seed) for seed in (1, 2, 7, 9, 10, 11)] + [("front-desk-contacts", seed) for seed in (3, 5)]
+    + [("redeliveries", 8)]  # the owed decision made while the workspace is away (the sixth session's finding)
 )
 
 
