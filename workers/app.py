@@ -24,6 +24,7 @@ from dispatcher.queues import (
     broker_transport_options,
 )
 from dispatcher.settings import Settings, load_settings
+from workers.bounded_stop import BoundedStopAfterFailure
 
 
 def create_app(settings: Settings) -> Celery:
@@ -83,6 +84,7 @@ def create_app(settings: Settings) -> Celery:
         },
         worker_hijack_root_logger=False,
     )
+    app.steps["worker"].add(BoundedStopAfterFailure)  # a worker that gave up exits, never hangs alive
     return app
 
 

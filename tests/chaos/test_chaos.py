@@ -42,6 +42,7 @@ from chaos_harness import (
     read_store,
     running_stack,
     set_aside,
+    settings_of,
     settle_s,
     settled_state,
     store_dump,
@@ -254,7 +255,9 @@ def _settle(stack: Any, engine: sa.Engine, controller: Controller, planned: list
 def _pools_full(stack: Any) -> bool:
     """Every worker and consumer killed during the run is running again with its whole pool."""
     wanted = stack.group.supervised()  # not the send worker lost for good
-    deadline = time.monotonic() + 30
+    # A worker whose event loop failed late in the run may wait a lease's length before it gives up
+    # (workers/bounded_stop.py); then its supervisor starts it again, within 30 s.
+    deadline = time.monotonic() + settings_of(stack.env).stale_after_s + 30
     while time.monotonic() < deadline:
         stack.group.ensure_running()
         if all(len(stack.group.pool_children(name)) >= count for name, count in wanted.items()):
