@@ -75,6 +75,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   table is read, not copied; kinds that depend on a provider's code are left to ``true_reason``).
 * ``outcome_word``: a run's outcome word is one docs/tracking.md lists ("Outcome words") and
   agrees with the store and the workspace (:func:`_outcome_words`).
+* ``traced`` (worlds with tracing on): every send run's and outcome's span lies in its
+  notification's own trace; a send run that ended says its outcome and workspace; an outcome's
+  span names the attempt, message, state and status; an outcome the consumer applied has its span.
 
 At the end of a run that settled:
 
@@ -105,6 +108,7 @@ from dispatcher.lifecycle.moves import CANCELLED, CRASH_LOOP
 from dispatcher.lifecycle.states import AttemptState, NotificationState, rank
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
+from dispatcher.sending.send import Outcome
 from tests.simulation.world import Said, Violation, World, as_time
 
 WINDOW_CLOSED = "131047"
@@ -231,6 +235,7 @@ def check(world: World) -> list[Violation]:
     found += _records_match(world, messages, event_of)
     found += _content_goes(world)
     found += _true_reasons(world, messages, event_of)
+    found += _traced(world)  # before _outcome_words, which takes the words said
     found += _outcome_words(world)
     found += _logs(world)
     if len(world.handed_over) == len(world.requests) and notifications and all(_ended(n, world) for n in notifications):
@@ -683,6 +688,48 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
                 why = f"its attempt counts {runs} runs (set aside past {max_runs})"
             if why is not None:
                 found.append(Violation("true_reason", f"{event_id}: {side} error_kind {kind}, but {why}"))
+    return found
+
+
+SEND_OUTCOMES = frozenset(outcome.value for outcome in Outcome)
+OUTCOME_SPAN_ATTRIBUTES = frozenset({"dispatcher.notification_id", "dispatcher.attempt", "dispatcher.message_id",
+                                     "dispatcher.state", "dispatcher.status"})
+
+
+def _traced(world: World) -> list[Violation]:
+    """With tracing on (docs/tracing.md): each outcome applied is a span in its notification's own
+    trace, saying which attempt, message, state and status; and an outcome the consumer says it
+    applied (``applied_<state>``) has its span."""
+    if world.spans is None:
+        return []
+    found: list[Violation] = []
+    marked: set[tuple[object, object]] = world.memory.setdefault("marked", set())
+    new_spans = [span for span in world.spans.get_finished_spans() if span.name in ("dispatcher.outcome", "dispatcher.send")]
+    world.spans.clear()
+    if new_spans:
+        trace_of = {nid: int(parent.split("-")[1], 16) for nid, parent in world.raw.execute(
+            "SELECT id, trace_parent FROM notifications WHERE trace_parent IS NOT NULL")}
+        for span in new_spans:
+            attributes = dict(span.attributes or {})
+            nid = attributes.get("dispatcher.notification_id")
+            if trace_of.get(nid) != span.context.trace_id:
+                found.append(Violation("traced", f"a {span.name} span of n{nid} is outside the notification's trace"))
+            if span.name == "dispatcher.send":
+                # a run that ended (not one a crash cut short) says how, for its workspace
+                if span.status.is_ok and (attributes.get("dispatcher.outcome") not in SEND_OUTCOMES
+                                          or attributes.get("dispatcher.workspace") != world.settings.workspace_name):
+                    found.append(Violation("traced", f"a send span of n{nid} says {attributes}"))
+                continue
+            missing = OUTCOME_SPAN_ATTRIBUTES - set(attributes)
+            if missing:
+                found.append(Violation("traced", f"an outcome span of n{nid} lacks {', '.join(sorted(missing))}"))
+            marked.add((attributes.get("dispatcher.message_id"), attributes.get("dispatcher.state")))
+    for what in world.said:
+        if what.who == "consumer" and what.word.startswith("applied_"):
+            state = what.word.removeprefix("applied_")
+            if (what.message_id, state) not in marked:
+                found.append(Violation("traced", f"the consumer applied {state} to message {what.message_id}, "
+                                       "and no span says so"))
     return found
 
 

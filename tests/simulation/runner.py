@@ -147,6 +147,8 @@ WORLDS: dict[str, WorldSpec] = {
     # the SMS route and on every fallback to it).
     "front-desk-contacts": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 10)),
     "removed-inbox": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 3, 10), removed_inboxes=(2,)),
+    # tracing on (an in-memory exporter): the outcomes applied leave their spans (docs/tracing.md)
+    "traced": WorldSpec(notifications=3, faults=5, traced=True),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries
     "redeliveries": WorldSpec(notifications=1, faults=80, fault_rate=0.6, opt_outs=False,
                               crash_nodes=frozenset({"worker"}), webhook_faults=False),

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from dispatcher import tracing
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, AttemptPurpose, NotificationState
@@ -54,7 +55,7 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("cancels", 24), ("schedules", 20), ("provider-refusals", 8),
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
-                                              ("removed-inbox", 8)])
+                                              ("removed-inbox", 8), ("traced", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
@@ -119,6 +120,7 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert ": opted_out" in refused and ": fallback_failed" in refused
     assert "failed (not_contactable" in trace("front-desk-contacts", 5)
     assert "failed (inbox_not_found" in trace("removed-inbox", 1)
+    assert all(": applied_" in trace("traced", seed) for seed in (0, 7))  # outcomes applied, so spans marked
 
 
 def test_every_schedule_of_a_small_world() -> None:
@@ -205,6 +207,16 @@ def test_a_send_that_ignores_quiet_hours_is_caught(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(send, "_window_opening", lambda *args, **kwargs: None)
     outcome = run(WORLDS["quiet-hours"], seed=1, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["quiet_hours"]
+
+
+def test_an_outcome_left_out_of_its_trace_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """traced bites: a consumer that applies outcomes without marking the notification's trace
+    breaks it in traced seed 0 (and tracing is off again after a traced world)."""
+    assert run(WORLDS["traced"], seed=0, keep_trace=False).ok
+    monkeypatch.setattr(outcomes, "_trace_outcome", lambda *args, **kwargs: None)
+    outcome = run(WORLDS["traced"], seed=0, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["traced"]
+    assert not tracing.enabled()
 
 
 def test_an_outcome_word_that_misreports_the_decision_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,6 +328,7 @@ MUTATION_WORLDS = (
     # --gain 3`): 2,982 branches before, 3,038 after
     + [("removed-inbox", seed) for seed in (1, 2, 7, 9, 10, 11)] + [("front-desk-contacts", seed) for seed in (3, 5)]
     + [("redeliveries", 8)]  # the owed decision made while the workspace is away (the sixth session's finding)
+    + [("traced", seed) for seed in (0, 7)]  # tracing on: the outcomes' spans (the eighth session)
 )
 
 

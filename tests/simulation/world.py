@@ -32,7 +32,7 @@ from greenlet import greenlet
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 
-from dispatcher import faults
+from dispatcher import faults, tracing
 from dispatcher.api import WorkspaceClient
 from dispatcher.api.errors import ApiError
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
@@ -328,6 +328,7 @@ class WorldSpec:
     # Inboxes an administrator removed from the workspace before the run: the routes that name
     # them find no inbox (the configuration was not told).
     removed_inboxes: tuple[int, ...] = ()
+    traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
@@ -418,6 +419,7 @@ class World:
         self.logged: list[logging.LogRecord] = []  # what our code logged since the last check
         self.sweeps_began = self.clock.utc()
         self.said: list[Said] = []  # the outcome words runs ended with since the last check
+        self.spans: Any = None  # the in-memory span exporter of a traced world (WorldSpec.traced)
         self.claims_at_start: dict[str, dict[int, int]] = {}  # a send run's attempts' claims as it began
         self.publish_refusals_left = spec.publish_refusals
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
@@ -638,6 +640,11 @@ class World:
     def run(self) -> Outcome:
         self.trace_start = self.clock.now
         previous = faults.install(self.crash_point)
+        if self.spec.traced:
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+            self.spans = InMemorySpanExporter()
+            tracing.configure(self.settings, service="simulation", exporter=self.spans)
         try:
             with simulated_time(self.clock), LogWatch(self.logged):
                 try:
@@ -646,6 +653,8 @@ class World:
                     self.frontier, self.state_key = stop.options, self.key()
         finally:
             faults.install(previous)
+            if self.spec.traced:
+                tracing.disable()
             for node in self.nodes:
                 if node.run is not None and not node.run.dead:
                     node.run.throw(greenlet.GreenletExit)
