@@ -23,22 +23,41 @@ from typing import Any
 from billiard.process import active_children
 from celery import bootsteps
 from celery.platforms import EX_FAILURE
+from celery.signals import worker_shutting_down
 
 logger = logging.getLogger(__name__)
 
 
+_stop_asked_for = threading.Event()  # a signal asked this process to stop (SIGTERM, SIGINT, SIGQUIT)
+
+
+@worker_shutting_down.connect
+def _note_stop_asked_for(**_: object) -> None:
+    _stop_asked_for.set()
+
+
+def stop_bound_s(exitcode: int | None, *, asked_for: bool, stale_after_s: float) -> float | None:
+    """How long the worker's stop may last before the process ends itself: None, no bound, for a
+    stop a signal asked for (Ctrl-C also stops with the failure code, and waits for the tasks in
+    flight as Celery documents); a lease's length after an error the worker could not survive."""
+    if exitcode != EX_FAILURE or asked_for:
+        return None
+    return stale_after_s
+
+
 class BoundedStopAfterFailure(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Arms a timer when the worker closes after a failure; a clean shutdown is left alone."""
+    """Arms a timer when the worker closes after a failure; a shutdown asked for is left alone."""
 
     label = "bounded stop after failure"
 
     def close(self, parent: Any) -> None:
         # Steps close before any of them stops, so the timer runs before the waits it bounds.
-        if parent.exitcode != EX_FAILURE:
-            return  # a shutdown asked for (SIGTERM, SIGINT): it may wait for the tasks in flight
         from workers import runtime
 
-        bound_s = runtime.settings().stale_after_s
+        bound_s = stop_bound_s(parent.exitcode, asked_for=_stop_asked_for.is_set(),
+                               stale_after_s=runtime.settings().stale_after_s)
+        if bound_s is None:
+            return
         timer = threading.Timer(bound_s, _end_now, args=(bound_s,))
         timer.daemon = True
         timer.start()
