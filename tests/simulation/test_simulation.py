@@ -150,7 +150,7 @@ def test_redeliveries_spend_no_provider_try(seed: int) -> None:
 
 
 @pytest.mark.parametrize(("world", "seed"), [("opt-outs", 254), ("refusals", 215), ("outage", 14), ("outage", 30),
-                                             ("refusals", 5), ("retries", 4)])
+                                             ("refusals", 5), ("retries", 4), ("retries", 46)])
 def test_regression_seeds_of_this_session(world: str, seed: int) -> None:
     """opt-outs 254: a STOP on the platform came while the inbox list could not be read; the
     consumer took it for an ordinary reply and the recipient stayed unsuppressed (fixed: the
@@ -163,7 +163,10 @@ def test_regression_seeds_of_this_session(world: str, seed: int) -> None:
     24's seventh session, content_goes): a send that died before recording its message; a later
     run found the message already read and adopted it, and the content stayed stored for good, no
     report being left to drop it (fixed: an acceptance that finds the message delivered or read
-    drops it)."""
+    drops it). retries 46 (the eighth session): a false alarm of the check, not of the product: a
+    run paused by a 401 recorded why the notification waits, and a twin delivery's run claimed the
+    attempt before the first run ended, which rightly cleared the reason (the check now allows a
+    wait that is already over)."""
     outcome = run(WORLDS[world], seed=seed, keep_trace=False)
     assert outcome.ok, f"{outcome.violations[0]}; replay: {_replay(world, seed)}"
 

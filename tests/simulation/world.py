@@ -926,9 +926,16 @@ class World:
             self.violations.append(Violation("says_why", f"send n{task.arg} retries without a delay"))
         if result.outcome is SendOutcome.RETRY and (result.paused or result.reason.startswith("quiet hours")):
             # the waits docs/notifications.md says a notification shows (auth, unreachable, quiet_hours);
-            # our own limiter's and a conversation's short waits do not
-            shown = self.raw.execute("SELECT error_kind, error_detail FROM notifications WHERE id = ?", (task.arg,)).fetchone()
-            if shown is None or not all(shown):
+            # our own limiter's and a conversation's short waits do not. Unless the wait is already
+            # over: another run claimed the attempt since this one recorded it (that claim clears the
+            # reason), or the notification moved on (retries seed 46: a twin delivery's run claimed
+            # it between this run's pause and its end).
+            shown = self.raw.execute(
+                "SELECT n.error_kind, n.error_detail, n.state, a.state FROM notifications n LEFT JOIN attempts a "
+                "ON a.notification_id = n.id AND a.number = n.current_attempt WHERE n.id = ?", (task.arg,)).fetchone()
+            waiting = (shown is not None and shown[2] in SENDABLE_NOTIFICATION_STATES
+                       and shown[3] != AttemptState.IN_FLIGHT)
+            if shown is None or (waiting and not all(shown[:2])):
                 self.violations.append(Violation("visibly_waiting", f"send n{task.arg} waits {result.delay_s:.0f} s "
                                                  f"({result.reason}) and the notification does not say why"))
         countdown = schedule_next_run(task.arg, result, ctx)
