@@ -39,7 +39,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   cancel answers too late only when a run claimed the current attempt or it is not queued
   (checked by the scheduler as the host's cancel returns).
 * ``visibly_waiting`` (checked by the scheduler as each send task returns): a run that waits for
-  quiet hours or a paused workspace leaves the notification showing why.
+  quiet hours or a paused workspace leaves the notification showing why, unless the wait is
+  already over (another run claimed the attempt since, or the notification moved on).
 * ``content_goes``: a notification's content is deleted once no send can follow
   (:func:`_content_goes`).
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message), says
