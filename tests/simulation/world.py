@@ -263,6 +263,7 @@ class Node:
     restarts: int = 0
     memory_loss: int = 0  # how its last crash went: 1 the pool child died, 2 the whole worker was lost
     crash_at: int = 0  # the point at which its run dies (0: it does not)
+    began: datetime | None = None  # when its run began (simulated UTC)
 
     @property
     def busy(self) -> bool:
@@ -751,7 +752,7 @@ class World:
 
     # -- steps ----------------------------------------------------------------------------------
     def _start(self, node: Node, doing: str, work: Callable[[Node], None], task: Task | None = None) -> None:
-        node.doing, node.task, node.at, node.points = doing, task, "", 0
+        node.doing, node.task, node.at, node.points, node.began = doing, task, "", 0, self.clock.utc()
         # A run may die at one of its points, chosen now (one of the first crash_within_points, after crash_skip_points),
         # so crashes land anywhere in a run, not mostly at its first point.
         may_crash = node.kind in self.spec.crash_nodes and not self.spec.crash_per_point
@@ -856,11 +857,24 @@ class World:
                     other.kind in ("consumer", "beat", "host", "operator")
                     or (other.task is not None and other.task.kind == SEND and other.task.arg == notification_id)):
                 return
-        if notification_id in self.orphaned_by_crash:
+        if notification_id in self.orphaned_by_crash or self._came_due_untouched(notification_id, node):
             return
         for _, event_id, state in self._due_without_a_task(notification_id):
             self.violations.append(Violation("published_at_once", f"{event_id} is {state} with no send task after "
                                              f"{node.name} finished {finished}"))
+
+    def _came_due_untouched(self, notification_id: int, node: Node) -> bool:
+        """The row waited for a time (a retry's or a pause's due time, its schedule) that has come,
+        and this run left it as it was: publishing it is the next sweep's, within
+        ``sweep_interval_s`` (refusals seed 500: a paused workspace's due time passed while a
+        consumer applied a report of the same notification)."""
+        row = self.raw.execute("SELECT send_at, next_try_at, updated_at FROM notifications WHERE id = ?",
+                               (notification_id,)).fetchone()
+        if row is None or node.began is None:
+            return False
+        *times, updated_at = row
+        waited = [as_time(moment) for moment in times if moment is not None]
+        return bool(waited) and max(waited) <= self.clock.utc() and as_time(updated_at) < node.began
 
     def _left_by_the_sweep(self, node: Node) -> None:
         """``published_at_once`` for the sweeps: a sweep that ends without crashing leaves no row
