@@ -654,20 +654,22 @@ def _true_reasons(world: World, messages: list, event_of: dict[int, str]) -> lis
     found: list[Violation] = []
     said_no = (set(world.opted_out_at) | {index for index, _channel in world.stop_messages.values()}  # asked, at least
                | world.provider_opted_out)
-    failed_events = {match.group(1) for m in messages if m.status == "failed"
-                     and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None}
     last_failure: dict[str, str] = {}  # event ID -> its latest failed message's error (messages in ID order)
     for m in sorted(messages, key=lambda m: m.id):
         if m.status == "failed" and (match := EVENT_IN_CONTENT.match(m.content or "")) is not None:
             last_failure[match.group(1)] = m.external_error or ""
+    failed_events = set(last_failure)  # events with a failed message
     met = world.memory.get("met", {})
     max_runs = world.settings.send_max_runs
     rows = world.raw.execute(
         "SELECT n.id, n.event_id, n.error_kind, a.error_kind, a.runs, a.number = n.current_attempt, n.state "
         "FROM notifications n LEFT JOIN attempts a ON a.notification_id = n.id")
+    judged: set[int] = set()  # the notification's own reason is judged once (the rows are one per attempt)
     for nid, event_id, notification_kind, attempt_kind, runs, current, state in rows:
         index = int(event_id.split("-")[1])
-        if (state == NotificationState.FAILED and notification_kind == "external_error"
+        first_row = nid not in judged
+        judged.add(nid)
+        if (first_row and state == NotificationState.FAILED and notification_kind == "external_error"
                 and last_failure.get(event_id, "").startswith(PROVIDER_OPT_OUT_CODES)):
             found.append(Violation("true_reason", f"{event_id}: failed external_error, but its last message failed "
                                    "because the recipient opted out with the provider (opted_out)"))
