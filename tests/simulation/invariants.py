@@ -29,6 +29,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   its notification, when due to be sent, has a send task in the broker; the sweep is for crashes,
   not for work a run that lived left undone (World._left_to_the_sweep says when it is not judged);
   and as beat's sweeps end, no row due when they began is without one (World._left_by_the_sweep).
+* ``marked_before_publish`` (checked by the scheduler at each publish of a send task): the run that
+  publishes it marked the row enqueued first, in the same run (World._marked_before_publish).
 * ``consumer_error`` (checked by the scheduler): the outcome consumer never fails on a delivery but
   for a failed read of the workspace (an incoming customer message once crashed it).
 * ``on_time``: no message of a scheduled notification appears before its ``send_at`` (as the host

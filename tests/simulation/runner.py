@@ -147,6 +147,9 @@ WORLDS: dict[str, WorldSpec] = {
     # the SMS route and on every fallback to it).
     "front-desk-contacts": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 10)),
     "removed-inbox": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 3, 10), removed_inboxes=(2,)),
+    # A host that hands its events over in batches (notify_many: one transaction, one broker batch),
+    # again after its crash, among recipients the platform refuses with no fallback route (kind 11).
+    "batches": WorldSpec(notifications=4, faults=6, fault_rate=0.15, batches=True, kind_pool=(0, 2, 3, 11)),
     # tracing on (an in-memory exporter): the outcomes applied leave their spans (docs/tracing.md)
     "traced": WorldSpec(notifications=3, faults=5, traced=True),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries

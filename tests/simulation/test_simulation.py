@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -55,7 +56,7 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("cancels", 24), ("schedules", 20), ("provider-refusals", 8),
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
-                                              ("removed-inbox", 8), ("traced", 8)])
+                                              ("removed-inbox", 8), ("traced", 8), ("batches", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
@@ -121,6 +122,9 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert "failed (not_contactable" in trace("front-desk-contacts", 5)
     assert "failed (inbox_not_found" in trace("removed-inbox", 1)
     assert all(": applied_" in trace("traced", seed) for seed in (0, 7))  # outcomes applied, so spans marked
+    assert "host handed over a batch: ev-1 (accepted), ev-2 (accepted)" in trace("batches", 8)
+    assert "(duplicate)" in trace("batches", 72)  # the host died after the batch's commit and handed it over again
+    assert run(WORLDS["batches"], seed=6).ends.get("external_error") == 1  # kind 11: failed, no fallback route
 
 
 def test_every_schedule_of_a_small_world() -> None:
@@ -207,6 +211,23 @@ def test_a_131047_that_falls_back_though_the_request_carries_a_template_is_caugh
     monkeypatch.setattr(outcomes, "_carries_template", lambda body: False)
     outcome = run(WORLDS["lost-answers"], seed=7, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["template_resend"]
+
+
+def test_a_publish_without_its_mark_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """marked_before_publish bites: a decision without a fallback that publishes the send task
+    anyway (nothing was marked: the notification failed) breaks it in batches seed 6."""
+    assert run(WORLDS["batches"], seed=6, keep_trace=False).ok
+    decide = outcomes.decide_fallback
+
+    def publishing_anyway(notification_id: int, **decision: Any) -> str:
+        decided = decide(notification_id, **decision)
+        if decided == "no_fallback" and decision["enqueuer"] is not None:
+            decision["enqueuer"].enqueue_send([notification_id])
+        return decided
+
+    monkeypatch.setattr(outcomes, "decide_fallback", publishing_anyway)
+    outcome = run(WORLDS["batches"], seed=6, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["marked_before_publish"]
 
 
 def test_a_send_that_ignores_quiet_hours_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -338,6 +359,9 @@ MUTATION_WORLDS = (
     + [("removed-inbox", seed) for seed in (1, 2, 7, 9, 10, 11)] + [("front-desk-contacts", seed) for seed in (3, 5)]
     + [("redeliveries", 8)]  # the owed decision made while the workspace is away (the sixth session's finding)
     + [("traced", seed) for seed in (0, 7)]  # tracing on: the outcomes' spans (the eighth session)
+    # batches (notify_many) and a failure with no fallback route (the ninth session: `--worlds batches
+    # --seeds 0-79 --gain 5`, 3,058 branches before, 3,161 after; 6, 8 and 72 for what they reach)
+    + [("batches", seed) for seed in (35, 40, 22, 29, 27, 61, 58, 12, 69, 51, 42, 2, 6, 8, 72)]
 )
 
 

@@ -38,6 +38,7 @@ from dispatcher.api.errors import ApiError
 from dispatcher.context import InboxDirectory, SendContext, Wait, limits_of, retry_plan_of
 from dispatcher.errors import InvalidEvent, StateConflict, TooLate, UnknownNotification
 from dispatcher.intake.accept import accept
+from dispatcher.intake.batch import ItemOutcome, accept_many
 from dispatcher.intake.request import NotificationRequest
 from dispatcher.lifecycle.moves import CRASH_LOOP, SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, SENDABLE_NOTIFICATION_STATES, AttemptState
@@ -329,6 +330,7 @@ class WorldSpec:
     # Inboxes an administrator removed from the workspace before the run: the routes that name
     # them find no inbox (the configuration was not told).
     removed_inboxes: tuple[int, ...] = ()
+    batches: bool = False  # the host hands its notifications over in batches of one to three (notify_many)
     traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
@@ -427,7 +429,13 @@ class World:
         self.in_flight_at_crash: dict[int, dict[int, int]] = {}
         self.publish_refusals_left = spec.publish_refusals
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
+        self.hand_over_at: dict[int, float] = {}  # when the host hands each notification over (alone or in its batch)
+        self.batch_of: dict[int, list[int]] = {}  # a batch's first notification -> the batch (WorldSpec.batches)
         self.host_events = self._plan_host()
+        for host_event in self.host_events:
+            if host_event.kind == "notify":
+                for index in self.batch_of.get(host_event.index, [host_event.index]):
+                    self.hand_over_at[index] = host_event.at
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
         self.provider_opted_out: set[int] = set()  # recipients who replied STOP to the SMS provider before the run (kinds 8, 9)
         self.outage = self._plan_outage()
@@ -487,7 +495,21 @@ class World:
                     if self.choices.pick(2):  # moved, before or after its time came
                         at = handed_over[index] + self.choices.pick(self.spec.scheduled_within_s + 10)
                         events.append(HostEvent(at, "reschedule", index))
+        if self.spec.batches:  # drawn last: the other worlds' seeds keep their draws
+            events = self._plan_batches(events)
         return sorted(events, key=lambda e: (e.at, e.index))  # stable: a hand-over before its cancel at the same moment
+
+    def _plan_batches(self, events: list[HostEvent]) -> list[HostEvent]:
+        """The host hands its events over in batches (``notify_many``, the HTTP batch): consecutive
+        hand-overs join the first of theirs, one to three to a batch, at its time."""
+        notify = sorted((e for e in events if e.kind == "notify"), key=lambda e: (e.at, e.index))
+        joined: set[int] = set()
+        while notify:
+            size = 1 + self.choices.pick(3)
+            group, notify = notify[:size], notify[size:]
+            self.batch_of[group[0].index] = [e.index for e in group]
+            joined.update(e.index for e in group[1:])
+        return [e for e in events if not (e.kind == "notify" and e.index in joined)]
 
     def _plan_outage(self) -> Outage | None:
         """When the workspace is away, how, and for how long (the outage world)."""
@@ -508,14 +530,17 @@ class World:
         # 8: WhatsApp refused -> SMS fallback to a number that replied STOP to the SMS provider before
         # we knew it (the provider refuses it with 21610); 9: SMS to such a number; 10: WhatsApp with
         # SMS fallback, to a patient whose contact the front desk made with an e-mail address only
-        # (found by its identifier, it has no binding to either inbox: not_contactable on both routes)
+        # (found by its identifier, it has no binding to either inbox: not_contactable on both routes);
+        # 11: SMS (no fallback route) to a number it cannot reach: the message fails (30003), and so
+        # does the notification, external_error, with no fallback decided
         if self.spec.kinds:
             kind = self.spec.kinds[index]
         elif self.spec.kind_pool:
             kind = self.spec.kind_pool[self.choices.pick(len(self.spec.kind_pool))]
         else:
             kind = self.choices.pick(self.spec.kind_count)
-        prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX, 7: "+1555010", 8: "+1555010"}.get(kind, "+1555100")
+        prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX, 7: "+1555010", 8: "+1555010",
+                  11: UNREACHABLE_PREFIX}.get(kind, "+1555100")
         phone = f"{prefix}{index:04d}"
         event_id = f"ev-{index}"
         if kind == 4:
@@ -526,7 +551,7 @@ class World:
         if kind == 10:
             self.workspace.front_desk_contact(name="Patient", identifier=f"patient-{index}", email=f"patient-{index}@example.org")
         if kind in (6, 7):
-            handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
+            handed_over_at = self.hand_over_at[index]
             closes_in = handed_over_at - self.clock.now + WINDOW_CLOSE_STEP_S * self.choices.pick(WINDOW_CLOSE_STEPS)
             self.workspace.customer_wrote(name="Patient", phone_number=phone, identifier=f"patient-{index}",
                                           age_s=self.workspace.service_window_s - closes_in)
@@ -535,11 +560,11 @@ class World:
             "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
         }
         if index in self.due_after:  # scheduled: due this long after its hand-over
-            handed_over_at = next(e.at for e in self.host_events if e.kind == "notify" and e.index == index)
+            handed_over_at = self.hand_over_at[index]
             due = self.clock.utc() + timedelta(seconds=handed_over_at - self.clock.now + self.due_after[index])
             body["send_at"] = due.isoformat()
             self.asked_send_at[event_id].add(due)
-        if kind in (2, 9):
+        if kind in (2, 9, 11):
             body["route"] = "sms"
         else:
             body |= {"route": "reminders", "fallback_route": "sms",
@@ -574,6 +599,7 @@ class World:
 
     def enqueue_send(self, notification_ids: Any) -> list[int]:
         ids = list(notification_ids)
+        self._marked_before_publish(ids)
         if self.publish_refusals_left and ids and self.choices.chance(PUBLISH_REFUSAL_RATE, 2):
             self.publish_refusals_left -= 1
             self.last_fault_at = self.clock.now
@@ -585,6 +611,21 @@ class World:
             self.broker.publish(SEND, nid, self.clock.now)
             self.orphaned_by_crash.discard(nid)
         return ids
+
+    def _marked_before_publish(self, ids: list[int]) -> None:
+        """``marked_before_publish``: the run that publishes a send task marked its row enqueued
+        first (the outbox's order: a mark written after the publish could undo the task's own wait,
+        and the sweep would publish the row again meanwhile). A mark older than the run is
+        another's: this run publishes what it never marked (a decision without a fallback that
+        publishes anyway). A mark cleared meanwhile is a later move's, and no fault of this run."""
+        node = self.running
+        if node is None or node.began is None:
+            return
+        for nid in ids:
+            row = self.raw.execute("SELECT enqueued_at, event_id FROM notifications WHERE id = ?", (nid,)).fetchone()
+            if row is not None and row[0] is not None and as_time(row[0]) < node.began:
+                self.violations.append(Violation("marked_before_publish", f"{node.name} published the send task of "
+                                                 f"{row[1]} without marking its row in this run ({node.doing})"))
 
     def enqueue_outcome(self, delivery_row_id: int) -> None:
         self.broker.publish(OUTCOME, delivery_row_id, self.clock.now)
@@ -1037,7 +1078,9 @@ class World:
 
     def _host_act(self, host_event: HostEvent) -> None:
         request = self.requests[host_event.index]
-        if host_event.kind == "notify":
+        if host_event.kind == "notify" and len(self.batch_of.get(host_event.index, ())) > 1:
+            self._hand_over_batch(self.batch_of[host_event.index])
+        elif host_event.kind == "notify":
             try:
                 record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
             except InvalidEvent as refused:  # a scheduled time its first, lost hand-over missed: now, then
@@ -1058,6 +1101,18 @@ class World:
             self._reschedule(host_event.index)
         else:
             self._stop_reply(host_event)
+
+    def _hand_over_batch(self, batch: list[int]) -> None:
+        """The host hands a batch over (the real ``notify_many``); after a crash, the same batch again."""
+        results = accept_many([self.requests[i] for i in batch], sessions=self.sessions, settings=self.settings,
+                              enqueuer=self, clock=self.clock.utc)
+        for index, item in zip(batch, results, strict=True):
+            if item.outcome is ItemOutcome.REFUSED:  # every request of the worlds is valid, and each event comes once
+                self.violations.append(Violation("host_told", f"the batch refused ev-{index}: {item.field} {item.problem}"))
+                continue
+            self.handed_over.add(index)
+        self.note("host handed over a batch: " + ", ".join(f"ev-{i} ({r.outcome.value})"
+                                                           for i, r in zip(batch, results, strict=True)))
 
     def _reschedule(self, index: int) -> None:
         """The host moves the notification to 1 to 20 s from now (the real operation)."""
