@@ -48,6 +48,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message), says
   something (a message, no ``None`` among its arguments) and holds no phone number, no message
   content and no token: what an operator's log would show.
+* ``free_text_in_window``: on the platform, free text goes while the customer-service window is
+  open; a template only where the route requires one or the window has closed.
 * ``template_resend``: free text the platform refused outside the service window (131047) is resent
   as the request's approved template, never a reason to fall back.
 * ``quiet_hours``: no message appears outside its route's send window (in the worlds that set one).
@@ -237,6 +239,7 @@ def check(world: World) -> list[Violation]:
     found += _on_time(world, messages)
     found += _records_match(world, messages, event_of)
     found += _content_goes(world)
+    found += _free_text_in_window(world, messages)
     found += _true_reasons(world, messages, event_of)
     found += _traced(world)  # before _outcome_words, which takes the words said
     found += _outcome_words(world)
@@ -573,6 +576,36 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
 NO_MORE_SENDS = frozenset({NotificationState.READ, NotificationState.DELIVERED, NotificationState.FAILED,
                            NotificationState.CANCELLED})
 ACCEPTED_STATES = frozenset({NotificationState.ACCEPTED, NotificationState.SENT})
+
+
+def _free_text_in_window(world: World, messages: list) -> list[Violation]:
+    """``free_text_in_window``: on the platform, free text goes while the customer-service window is
+    open; a template only where the route requires one or the window has closed
+    (dispatcher/policy/channels.py, docs/notifications.md "Send", step 3). Judged for the recipients
+    whose window the world set (kinds 6 and 7: it closes as the reminder goes), by the workspace's
+    clock, and only where the run that made the message could know the window was open: the store
+    held it before the run began (the product reads it from the customer's webhook; not knowing, it
+    sends the template, as it should)."""
+    if not world.window_closes_at or world.settings.routes["reminders"].template_required:
+        return []
+    inbox = ROUTE_INBOX["reminders"]
+    known: dict[int, float] = world.memory.setdefault("window_known_at", {})  # contact -> when the store first held its window
+    for (contact_id,) in world.raw.execute("SELECT contact_id FROM service_windows WHERE inbox_id = ?", (inbox,)):
+        known.setdefault(contact_id, world.clock.now)
+    found = []
+    for message in messages:
+        if message.template_params is None or message.inbox_id != inbox:
+            continue
+        match = EVENT_IN_CONTENT.match(message.content or "")
+        closes_at = world.window_closes_at.get(int(match.group(1).split("-")[1])) if match else None
+        began = world.create_runs.get(message.created_at)
+        # Judged only where the run that made it could know the window: the store held it (from the
+        # customer's message_created webhook) before the run began; else, in doubt, a template is right.
+        if (closes_at is not None and message.created_at < closes_at and began is not None
+                and known.get(message.contact_id, float("inf")) <= began.timestamp()):
+            found.append(Violation("free_text_in_window", f"{match.group(1) if match else '?'}: message {message.id} "
+                                   f"went as a template {closes_at - message.created_at:.3f} s before the window closed"))
+    return found
 
 
 def _content_goes(world: World) -> list[Violation]:

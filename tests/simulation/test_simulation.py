@@ -230,6 +230,20 @@ def test_a_publish_without_its_mark_is_caught(monkeypatch: pytest.MonkeyPatch) -
     assert [v.invariant for v in outcome.violations][:1] == ["marked_before_publish"]
 
 
+def test_a_template_inside_the_window_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_text_in_window bites: a send path that takes every first attempt for a template's sends
+    the template while the patient's service window is still open (lost-answers seed 16)."""
+    assert run(WORLDS["lost-answers"], seed=16, keep_trace=False).ok
+    choose = send.choose_message_kind
+
+    def always_template(**rules: Any) -> Any:
+        return choose(**(rules | {"template_required": True}))
+
+    monkeypatch.setattr(send, "choose_message_kind", always_template)
+    outcome = run(WORLDS["lost-answers"], seed=16, keep_trace=False)
+    assert [v.invariant for v in outcome.violations][:1] == ["free_text_in_window"]
+
+
 def test_a_send_that_ignores_quiet_hours_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """quiet_hours bites: without the send path's window check, a message leaves at 08:01:02 on a
     route that sends from 08:02."""

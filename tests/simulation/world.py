@@ -437,6 +437,8 @@ class World:
                 for index in self.batch_of.get(host_event.index, [host_event.index]):
                     self.hand_over_at[index] = host_event.at
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
+        self.window_closes_at: dict[int, float] = {}  # kinds 6, 7: when the recipient's service window closes
+        self.create_runs: dict[float, datetime] = {}  # each createMessage call's moment -> when its run began
         self.provider_opted_out: set[int] = set()  # recipients who replied STOP to the SMS provider before the run (kinds 8, 9)
         self.outage = self._plan_outage()
         self.requests = [self._request(i) for i in range(spec.notifications)]
@@ -553,6 +555,7 @@ class World:
         if kind in (6, 7):
             handed_over_at = self.hand_over_at[index]
             closes_in = handed_over_at - self.clock.now + WINDOW_CLOSE_STEP_S * self.choices.pick(WINDOW_CLOSE_STEPS)
+            self.window_closes_at[index] = self.clock.now + closes_in
             self.workspace.customer_wrote(name="Patient", phone_number=phone, identifier=f"patient-{index}",
                                           age_s=self.workspace.service_window_s - closes_in)
         body: dict[str, Any] = {
@@ -652,6 +655,8 @@ class World:
         task = node.task if node is not None and node.task is not None and node.task.kind == SEND else None
         if value and task is not None:  # what its notification's reasons may cite
             self.memory.setdefault("met", {}).setdefault(task.arg, set()).add(CALL_FAULTS[value])
+        if operation.startswith("POST") and operation.endswith("/messages") and node is not None and node.began:
+            self.create_runs[self.clock.now] = node.began  # the message it makes bears this moment
         if CALL_FAULTS[value] != "connect error" and task is not None:
             # every call a send task made that reached the workspace: the most provider tries it may count
             calls = self.memory.setdefault("send_calls", {})
