@@ -148,7 +148,8 @@ WORLDS: dict[str, WorldSpec] = {
     "front-desk-contacts": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 10)),
     "removed-inbox": WorldSpec(notifications=3, faults=6, fault_rate=0.15, kind_pool=(0, 2, 3, 10), removed_inboxes=(2,)),
     # A host that hands its events over in batches (notify_many: one transaction, one broker batch),
-    # again after its crash, among recipients the platform refuses with no fallback route (kind 11).
+    # again after its crash; among its recipients, SMS ones no route reaches and none falls back for
+    # (kind 11: the notification fails external_error, with no fallback decided).
     "batches": WorldSpec(notifications=4, faults=6, fault_rate=0.15, batches=True, kind_pool=(0, 2, 3, 11)),
     # tracing on (an in-memory exporter): the outcomes applied leave their spans (docs/tracing.md)
     "traced": WorldSpec(notifications=3, faults=5, traced=True),
