@@ -151,6 +151,10 @@ WORLDS: dict[str, WorldSpec] = {
     # again after its crash; among its recipients, SMS ones no route reaches and none falls back for
     # (kind 11: the notification fails external_error, with no fallback decided).
     "batches": WorldSpec(notifications=4, faults=6, fault_rate=0.15, batches=True, kind_pool=(0, 2, 3, 11)),
+    # An operator withdraws the reminders' template from the registry while scheduled reminders
+    # wait (a redeploy): what still needs the template fails invalid_for_channel and falls back.
+    "withdrawn-template": WorldSpec(notifications=3, faults=4, fault_rate=0.1, scheduled=True, template_withdrawn=True,
+                                    kind_pool=(0, 2, 3, 6)),
     # tracing on (an in-memory exporter): the outcomes applied leave their spans (docs/tracing.md)
     "traced": WorldSpec(notifications=3, faults=5, traced=True),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries

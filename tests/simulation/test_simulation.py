@@ -56,7 +56,8 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("cancels", 24), ("schedules", 20), ("provider-refusals", 8),
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
-                                              ("removed-inbox", 8), ("traced", 8), ("batches", 8)])
+                                              ("removed-inbox", 8), ("traced", 8), ("batches", 8),
+                                              ("withdrawn-template", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
@@ -125,6 +126,8 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert "host handed over a batch: ev-1 (accepted), ev-2 (accepted)" in trace("batches", 8)
     assert "(duplicate)" in trace("batches", 72)  # the host died after the batch's commit and handed it over again
     assert run(WORLDS["batches"], seed=6).ends.get("external_error") == 1  # kind 11: failed, no fallback route
+    assert "failed (invalid_for_channel" in trace("withdrawn-template", 4)  # the template withdrawn before its send
+    assert "refused (template.name)" in trace("withdrawn-template", 128)  # handed over again after the withdrawal
 
 
 def test_every_schedule_of_a_small_world() -> None:
@@ -376,6 +379,9 @@ MUTATION_WORLDS = (
     # batches (notify_many) and a failure with no fallback route (the ninth session: `--worlds batches
     # --seeds 0-79 --gain 5`, 3,058 branches before, 3,161 after; 6, 8 and 72 for what they reach)
     + [("batches", seed) for seed in (35, 40, 22, 29, 27, 61, 58, 12, 69, 51, 42, 2, 6, 8, 72)]
+    # a template withdrawn from the registry (`--worlds withdrawn-template --seeds 0-59 --gain 5`: 3,162
+    # branches before, 3,198 after; 4 for what it reaches)
+    + [("withdrawn-template", seed) for seed in (17, 16, 54, 39, 2, 4)]
 )
 
 

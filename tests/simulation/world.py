@@ -71,6 +71,7 @@ HOST_RETRY_DELAY_S = 30.0  # how long after a notification failed its host retri
 # a run takes (a step is a millisecond) from reading the window to its createMessage call.
 WINDOW_CLOSE_STEP_S, WINDOW_CLOSE_STEPS = 0.005, 12
 CRASH_POINTS_PER_RUN = 10
+TEMPLATE_NAME = "appointment_reminder"  # the approved template every platform request carries
 IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
 
 
@@ -265,6 +266,7 @@ class Node:
     memory_loss: int = 0  # how its last crash went: 1 the pool child died, 2 the whole worker was lost
     crash_at: int = 0  # the point at which its run dies (0: it does not)
     began: datetime | None = None  # when its run began (simulated UTC)
+    config_version: int = 0  # the configuration its process memory was built from (World.config_version)
 
     @property
     def busy(self) -> bool:
@@ -330,6 +332,9 @@ class WorldSpec:
     # Inboxes an administrator removed from the workspace before the run: the routes that name
     # them find no inbox (the configuration was not told).
     removed_inboxes: tuple[int, ...] = ()
+    # The reminders' template is withdrawn from the registry (a redeploy) between the last
+    # hand-over and 30 s after it: attempts still to send it fail invalid_for_channel.
+    template_withdrawn: bool = False
     batches: bool = False  # the host hands its notifications over in batches of one to three (notify_many)
     traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
@@ -442,6 +447,11 @@ class World:
         self.provider_opted_out: set[int] = set()  # recipients who replied STOP to the SMS provider before the run (kinds 8, 9)
         self.outage = self._plan_outage()
         self.requests = [self._request(i) for i in range(spec.notifications)]
+        self.config_version = 0  # how often the configuration was redeployed during the run
+        if spec.template_withdrawn:  # between the last hand-over and 30 s after it
+            withdraw_at = max(self.hand_over_at.values()) + self.choices.pick(31)
+            self.host_events = sorted([*self.host_events, HostEvent(withdraw_at, "withdraw_template", 0)],
+                                      key=lambda e: (e.at, e.index))
         self.handed_over: set[int] = set()
         self.webhook_copies: set[str] = set()
         self.opted_out_at: dict[int, float] = {}  # recipient index -> when the host asked for the opt-out
@@ -571,13 +581,17 @@ class World:
             body["route"] = "sms"
         else:
             body |= {"route": "reminders", "fallback_route": "sms",
-                     "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
+                     "template": {"name": TEMPLATE_NAME, "language": "en", "category": "UTILITY",
                                   "params": {"1": "Patient", "2": "tomorrow 09:00"}}}
         return NotificationRequest.model_validate(body)
 
     def context(self, node: Node) -> SendContext:
-        """The node's process memory, built again after a crash (caches, limiter, breaker)."""
+        """The node's process memory, built again after a crash (caches, limiter, breaker), or as
+        its next task starts after a redeploy (a new configuration)."""
+        if node.context is not None and node.config_version != self.config_version:
+            node.context = None
         if node.context is None:
+            node.config_version = self.config_version
             api = WorkspaceClient.from_settings(self.settings, transport=self.workspace)
             settings = self.settings
             node.context = SendContext(
@@ -1089,10 +1103,18 @@ class World:
             try:
                 record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
             except InvalidEvent as refused:  # a scheduled time its first, lost hand-over missed: now, then
+                if self._refused_without_its_template(refused, host_event.index):
+                    return
                 if refused.field != "send_at":
                     raise
                 request = self.requests[host_event.index] = request.model_copy(update={"send_at": None})
-                record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self, clock=self.clock.utc)
+                try:
+                    record = accept(request, sessions=self.sessions, settings=self.settings, enqueuer=self,
+                                    clock=self.clock.utc)
+                except InvalidEvent as again:
+                    if self._refused_without_its_template(again, host_event.index):
+                        return
+                    raise
             self.handed_over.add(host_event.index)
             self.note(f"host handed over ev-{host_event.index} ({record.state})")
         elif host_event.kind == "suppress":
@@ -1104,8 +1126,27 @@ class World:
             self._cancel(host_event.index)
         elif host_event.kind == "reschedule":
             self._reschedule(host_event.index)
+        elif host_event.kind == "withdraw_template":
+            self._withdraw_template()
         else:
             self._stop_reply(host_event)
+
+    def _refused_without_its_template(self, refused: InvalidEvent, index: int) -> bool:
+        """Its first hand-over died before the commit, and the template was withdrawn since: the host
+        is told the request is refused, and nothing of it is stored (it is answered, not lost)."""
+        if refused.field != "template.name" or not self.config_version:
+            return False
+        self.handed_over.add(index)
+        self.note(f"host handed over ev-{index}: refused ({refused.field})")
+        return True
+
+    def _withdraw_template(self) -> None:
+        """The clinic's operator withdraws the reminders' template from the registry and redeploys:
+        each process takes the new configuration as its next task starts."""
+        kept = [t for t in self.settings.templates if t.name != TEMPLATE_NAME]
+        self.settings = self.settings.model_copy(update={"templates": kept})
+        self.config_version += 1
+        self.note(f"operator withdraws the template {TEMPLATE_NAME} from the registry and redeploys")
 
     def _hand_over_batch(self, batch: list[int]) -> None:
         """The host hands a batch over (the real ``notify_many``); after a crash, the same batch again."""
