@@ -5,6 +5,7 @@ Each failure message carries the command that replays it step by step (docs/simu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ from dispatcher.policy import fallback
 from dispatcher.sending import send
 from dispatcher.store.models import Notification
 from dispatcher.tracking import outcomes
+from tests.simulation import stores
 from tests.simulation import world as world_module
 from tests.simulation.explore import explore
 from tests.simulation.invariants import FALLBACK_SETTLE_S, SETTLE_BOUND_S
@@ -28,6 +30,13 @@ from tests.simulation.runner import WORLDS, run, settings_for
 
 SEEDS_PER_CHUNK = 40
 CHUNKS = 4  # 160 seeds of the small world; the nightly command runs many more (docs/simulation.md)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_the_simulation_database() -> Iterator[None]:
+    """The postgresql world's database (one per test process) goes with the module's tests."""
+    yield
+    stores.drop_postgres()
 
 
 def _replay(world: str, seed: int) -> str:
@@ -57,12 +66,12 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
                                               ("removed-inbox", 8), ("traced", 8), ("batches", 8),
-                                              ("withdrawn-template", 8)])
+                                              ("withdrawn-template", 8), ("postgresql", 6)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
     workspace outage past the send deadline, a host's retries, quiet hours, refused publishes, the
-    contract's workspace, contacts no route reaches and a removed inbox (docs/simulation.md):
+    contract's workspace, contacts no route reaches, a removed inbox and the production store (docs/simulation.md):
     seeds apart from the mutation selection's."""
     for seed in range(100, 100 + seeds):
         outcome = run(WORLDS[world], seed=seed, keep_trace=False)
@@ -97,6 +106,22 @@ def test_the_faults_happen() -> None:
                  "fault 429", "fault 500", "fault 401", "webhook dropped", "(twice)", "delivered twice",
                  "comes back after the visibility timeout", "requeued"):
         assert any(kind in line for line in lines), f"no '{kind}' in 12 seeds"
+
+
+def test_the_postgresql_world_runs_on_postgresql() -> None:
+    """The world's store is the production one, so the moves take their one-statement path."""
+    class Hooks:
+        def _began(self) -> None: ...
+
+        def _ended(self) -> None: ...
+
+    engine, reads = stores.OPENERS[WORLDS["postgresql"].store](Hooks())
+    try:
+        assert engine.dialect.name == "postgresql"
+        assert reads.execute("SELECT count(*) FROM notifications WHERE id > ?", (0,)).fetchone()[0] == 0
+    finally:
+        engine.dispose()
+        reads.close()
 
 
 def test_the_mutation_worlds_reach_what_they_are_for() -> None:
@@ -382,6 +407,9 @@ MUTATION_WORLDS = (
     # a template withdrawn from the registry (`--worlds withdrawn-template --seeds 0-59 --gain 5`: 3,162
     # branches before, 3,198 after; 4 for what it reaches)
     + [("withdrawn-template", seed) for seed in (17, 16, 54, 39, 2, 4)]
+    # the production store: the moves' one-statement path, which SQLite never takes (each seed of
+    # 0-5 kills the five mutants of it in the sample; two keep the run short, at about 2 s a seed)
+    + [("postgresql", seed) for seed in (0, 1)]
 )
 
 

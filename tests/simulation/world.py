@@ -21,7 +21,6 @@ import heapq
 import json
 import logging
 import random
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from greenlet import greenlet
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.pool import StaticPool
+from sqlalchemy import Engine
 
 from dispatcher import faults, tracing
 from dispatcher.api import WorkspaceClient
@@ -54,12 +52,12 @@ from dispatcher.sending.next_run import schedule_next_run
 from dispatcher.sending.send import Outcome as SendOutcome
 from dispatcher.sending.send import send_notification
 from dispatcher.settings import Settings
-from dispatcher.store import db as store_db
 from dispatcher.store.db import session_factory
 from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import record_deliveries
 from dispatcher.tracking.webhooks.receiver import delivery_reader
 from tests.simulation.clock import SimClock, simulated_time
+from tests.simulation.stores import Reads
 from tests.simulation.workspace import CALL_FAULTS, REFUSAL_FAULTS, UNREACHABLE_PREFIX, SimWorkspace
 
 SEND, OUTCOME = "send", "outcome"
@@ -218,36 +216,6 @@ class LogWatch(logging.Handler):
         self.logger.level, self.logger.propagate = self.saved
 
 
-# -- the store -------------------------------------------------------------------------------
-
-
-class SharedEngine:
-    """One SQLAlchemy engine for every run of a process, on each run's own in-memory database.
-
-    SQLAlchemy caches compiled statements per engine: an engine per run would compile every
-    statement of the real code again in every run (most of a run's time)."""
-
-    def __init__(self) -> None:
-        self.world: World | None = None
-        self.connection: sqlite3.Connection | None = None
-        self.engine: Engine | None = None
-
-    def open(self, world: World, connection: sqlite3.Connection) -> Engine:
-        self.world, self.connection = world, connection
-        if self.engine is None:
-            self.engine = create_engine("sqlite://", creator=lambda: self.connection, poolclass=StaticPool,
-                                        hide_parameters=True)
-            event.listen(self.engine, "begin", store_db._sqlite_begin_immediate)
-            event.listen(self.engine, "begin", lambda _c: self.world and self.world._began())
-            event.listen(self.engine, "commit", lambda _c: self.world and self.world._ended())
-            event.listen(self.engine, "rollback", lambda _c: self.world and self.world._ended())
-        self.engine.dispose()  # the pool lets go of the last run's connection and takes this one
-        return self.engine
-
-
-SHARED_ENGINE = SharedEngine()
-
-
 # -- the world -------------------------------------------------------------------------------
 
 
@@ -337,6 +305,7 @@ class WorldSpec:
     template_withdrawn: bool = False
     batches: bool = False  # the host hands its notifications over in batches of one to three (notify_many)
     traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
+    store: str = "sqlite"  # "postgresql": the production store (tests/simulation/stores.py), its own statements
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
@@ -380,7 +349,7 @@ class Outcome:
 
 class World:
     def __init__(self, spec: WorldSpec, choices: Choices, *, settings: Callable[[str], Settings],
-                 template: sqlite3.Connection, checks: Callable[[World], list[Violation]],
+                 store: Callable[[World], tuple[Engine, Reads]], checks: Callable[[World], list[Violation]],
                  as_time: Callable[[object], Any], keep_trace: bool = True,
                  finals: Callable[[World], list[Violation]] | None = None) -> None:
         self.finals = finals  # the checks of a run that settled (what must hold once everything is done)
@@ -408,7 +377,7 @@ class World:
                 name: route.model_copy(update={"send_window": windows[name]}) if name in windows else route
                 for name, route in self.settings.routes.items()}})
         self.broker = Broker(self.settings.broker_visibility_timeout_s)
-        self.engine = self._store(template)
+        self.engine, self.raw = store(self)  # raw: plain SQL on the run's connection, for the checks
         self.sessions = session_factory(self.engine, announce=True)  # the host's callbacks are written (host_told)
         self.read_delivery = delivery_reader(self.settings)
         self.nodes = [Node(f"worker-{i + 1}", "worker") for i in range(spec.workers)]
@@ -465,12 +434,6 @@ class World:
         self.state_key: tuple[Any, ...] | None = None
 
     # -- set-up -------------------------------------------------------------------------------
-    def _store(self, template: sqlite3.Connection) -> Engine:
-        memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        template.backup(memory)
-        self.raw = memory  # the invariants read through it, between steps (no transaction is open then)
-        return SHARED_ENGINE.open(self, memory)
-
     def _began(self) -> None:
         self.open_transactions += 1
 
@@ -973,7 +936,8 @@ class World:
 
     def _message_of_delivery(self, delivery_row_id: int) -> int | None:
         found = self.raw.execute("SELECT summary FROM webhook_deliveries WHERE id = ?", (delivery_row_id,)).fetchone()
-        message_id = json.loads(found[0]).get("message_id") if found and found[0] else None
+        summary = found[0] if found else None  # JSON: text on SQLite, already read on PostgreSQL
+        message_id = (json.loads(summary) if isinstance(summary, str) else summary or {}).get("message_id")
         return None if message_id is None else int(message_id)
 
     def _notification_of_delivery(self, delivery_row_id: int) -> int | None:
