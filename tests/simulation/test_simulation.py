@@ -87,10 +87,11 @@ def test_a_large_world_keeps_every_promise() -> None:
     assert outcome.faults_used == 50
 
 
-def test_a_seed_replays_step_for_step() -> None:
-    first = run(WORLDS["small"], seed=4242)
-    again = run(WORLDS["small"], seed=4242)
-    from_choices = run(WORLDS["small"], script=first.choices)
+@pytest.mark.parametrize("world", ["small", "postgresql"])
+def test_a_seed_replays_step_for_step(world: str) -> None:
+    first = run(WORLDS[world], seed=4242)
+    again = run(WORLDS[world], seed=4242)
+    from_choices = run(WORLDS[world], script=first.choices)
     assert first.faults_used > 0 and len(first.trace) > 50
     assert again.trace == first.trace
     assert from_choices.trace == first.trace
