@@ -64,6 +64,9 @@ WORLDS: dict[str, WorldSpec] = {
     # The production store: the small world on PostgreSQL, where the moves run as one statement
     # each (data-modifying CTEs) and the claims lock rows; SQLite runs the same guards in two.
     "postgresql": WorldSpec(store="postgresql"),
+    # Two patients, four reminders: a patient's reminders on one route share a conversation, so
+    # one read of it answers for both (the stock workspace's events carry no status).
+    "shared-patients": WorldSpec(notifications=4, faults=5, patients=2, kind_pool=(0, 1, 2), opt_outs=False),
     "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
     # Two workers fighting over few notifications: twin deliveries, crashes of send workers, lost
     # answers and refusals, so claims, leases and releases meet each other often.

@@ -66,12 +66,14 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("outage", 6), ("retries", 8), ("quiet-hours", 8),
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
                                               ("removed-inbox", 8), ("traced", 8), ("batches", 8),
-                                              ("withdrawn-template", 8), ("postgresql", 6)])
+                                              ("withdrawn-template", 8), ("postgresql", 6),
+                                              ("shared-patients", 8)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
     workspace outage past the send deadline, a host's retries, quiet hours, refused publishes, the
-    contract's workspace, contacts no route reaches, a removed inbox and the production store (docs/simulation.md):
+    contract's workspace, contacts no route reaches, a removed inbox, the production store and
+    patients with several reminders (docs/simulation.md):
     seeds apart from the mutation selection's."""
     for seed in range(100, 100 + seeds):
         outcome = run(WORLDS[world], seed=seed, keep_trace=False)
@@ -154,6 +156,7 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert run(WORLDS["batches"], seed=6).ends.get("external_error") == 1  # kind 11: failed, no fallback route
     assert "failed (invalid_for_channel" in trace("withdrawn-template", 4)  # the template withdrawn before its send
     assert "refused (template.name)" in trace("withdrawn-template", 128)  # handed over again after the withdrawal
+    assert all(trace("shared-patients", seed).count("POST /conversations/1/messages") >= 2 for seed in (1, 4))
 
 
 def test_every_schedule_of_a_small_world() -> None:
@@ -411,6 +414,9 @@ MUTATION_WORLDS = (
     # the production store: the moves' one-statement path, which SQLite never takes (each seed of
     # 0-5 kills the five mutants of it in the sample; two keep the run short, at about 2 s a seed)
     + [("postgresql", seed) for seed in (0, 1)]
+    # a patient's two reminders in one conversation: one read answers for both (`apply_event`'s
+    # other messages; 7 of seeds 0-19 reach it, these two first)
+    + [("shared-patients", seed) for seed in (1, 4)]
 )
 
 

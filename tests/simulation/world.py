@@ -303,6 +303,10 @@ class WorldSpec:
     # The reminders' template is withdrawn from the registry (a redeploy) between the last
     # hand-over and 30 s after it: attempts still to send it fail invalid_for_channel.
     template_withdrawn: bool = False
+    # Notifications share their patients (index modulo this): two reminders of one patient on one
+    # route meet in one conversation, so a read of it lists both. Kinds 0-2 only (the others'
+    # recipients are set up per notification).
+    patients: int = 0
     batches: bool = False  # the host hands its notifications over in batches of one to three (notify_many)
     traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
     store: str = "sqlite"  # "postgresql": the production store (tests/simulation/stores.py), its own statements
@@ -516,7 +520,8 @@ class World:
             kind = self.choices.pick(self.spec.kind_count)
         prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX, 7: "+1555010", 8: "+1555010",
                   11: UNREACHABLE_PREFIX}.get(kind, "+1555100")
-        phone = f"{prefix}{index:04d}"
+        patient = index % self.spec.patients if self.spec.patients else index  # whom it is for (shared_patients)
+        phone = f"{prefix}{patient:04d}"
         event_id = f"ev-{index}"
         if kind == 4:
             self.never_confirmed.add(event_id)
@@ -532,7 +537,7 @@ class World:
             self.workspace.customer_wrote(name="Patient", phone_number=phone, identifier=f"patient-{index}",
                                           age_s=self.workspace.service_window_s - closes_in)
         body: dict[str, Any] = {
-            "event_id": event_id, "contact": {"identifier": f"patient-{index}", "phone_number": phone, "name": "Patient"},
+            "event_id": event_id, "contact": {"identifier": f"patient-{patient}", "phone_number": phone, "name": "Patient"},
             "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
         }
         if index in self.due_after:  # scheduled: due this long after its hand-over
