@@ -162,6 +162,19 @@ class PostgresDatabase:
             admin.dispose()
 
 
+def postgres_answers() -> str | None:
+    """None when the tests' PostgreSQL server answers; else what went wrong, in one line (no URL:
+    it may hold a password)."""
+    import psycopg
+
+    try:
+        psycopg.connect(make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(hide_password=False),
+                        connect_timeout=5).close()
+    except psycopg.Error as error:
+        return f"PostgreSQL does not answer at DISPATCHER_TEST_POSTGRES_URL ({type(error).__name__})"
+    return None
+
+
 @cache
 def _postgres() -> PostgresDatabase:
     return PostgresDatabase(ADMIN_URL)

@@ -443,6 +443,17 @@ def test_the_command_line_runs_seeds_and_replays(capsys: pytest.CaptureFixture[s
     assert [line for line in replayed.splitlines() if " ms; ends:" not in line] == steps  # the same run, from its choices alone
 
 
+def test_the_command_line_says_so_in_one_line_when_postgresql_does_not_answer(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.simulation.__main__ import main
+
+    monkeypatch.setattr(stores, "ADMIN_URL", "postgresql+psycopg://postgres:secret-word@127.0.0.1:1/postgres")
+    assert main(["--world", "postgresql", "--seed", "0"]) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1
+    assert "PostgreSQL does not answer at DISPATCHER_TEST_POSTGRES_URL" in said.err and "secret-word" not in said.err
+
+
 def test_the_liveness_bound_follows_the_settings() -> None:
     """The bound is derived from the defaults (docs/simulation.md); a default that grows must grow it."""
     settings = settings_for("secret")
