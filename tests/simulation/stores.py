@@ -119,16 +119,11 @@ class PostgresDatabase:
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
         self.name = f"dispatcher_test_sim_{uuid.uuid4().hex[:10]}"
-        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as connection:
-                connection.execute(text(f'CREATE DATABASE "{self.name}"'))
-        finally:
-            admin.dispose()
+        _on_the_server(admin_url, f'CREATE DATABASE "{self.name}"')
         # Dropped when the process ends, a pool's worker process too (multiprocessing runs these
         # finalizers before its children exit, where atexit would not run).
-        self.drop = multiprocessing.util.Finalize(self, PostgresDatabase._drop, args=(admin_url, self.name),
-                                                  exitpriority=10)  # callable once: a later call does nothing
+        self.drop = multiprocessing.util.Finalize(self, _on_the_server, exitpriority=10,  # callable once
+                                                  args=(admin_url, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
         self.url = make_url(admin_url).set(database=self.name)
         upgrade_database(self.url.render_as_string(hide_password=False))
         self.conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -152,14 +147,16 @@ class PostgresDatabase:
         connection.commit()
         return self.engine.open(run, connection), PostgresReads(connection)
 
-    @staticmethod
-    def _drop(admin_url: str, name: str) -> None:
-        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        finally:
-            admin.dispose()
+
+
+def _on_the_server(admin_url: str, statement: str) -> None:
+    """One statement outside any transaction (CREATE and DROP DATABASE need that)."""
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(statement))
+    finally:
+        admin.dispose()
 
 
 def postgres_answers() -> str | None:
