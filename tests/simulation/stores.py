@@ -148,7 +148,6 @@ class PostgresDatabase:
         return self.engine.open(run, connection), PostgresReads(connection)
 
 
-
 def _on_the_server(admin_url: str, statement: str) -> None:
     """One statement outside any transaction (CREATE and DROP DATABASE need that)."""
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
