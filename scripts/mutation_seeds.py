@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT))
 MUTATED = ("dispatcher/lifecycle/moves.py", "dispatcher/sending/send.py", "dispatcher/tracking/outcomes.py")
 RANDOM_WORLDS = ("small", "contention", "refusals", "opt-outs", "crash-loop", "cancels", "schedules", "lost-answers",
                  "redeliveries", "provider-refusals", "outage", "retries", "quiet-hours", "publish-refusals", "contract",
-                 "front-desk-contacts", "removed-inbox", "traced", "batches", "withdrawn-template", "shared-patients",
-                 "postgresql")
+                 "front-desk-contacts", "removed-inbox", "traced", "batches", "withdrawn-template", "shared-patients")
 
 Seed = tuple[str, int]
 

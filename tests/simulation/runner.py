@@ -62,7 +62,7 @@ def shrink(spec: WorldSpec, choices: list[int], fails: Callable[[Outcome], bool]
 WORLDS: dict[str, WorldSpec] = {
     "small": WorldSpec(),  # 5 notifications, 5 faults: the README's test command runs thousands of these
     # The production store: the small world on PostgreSQL, where the moves run as one statement
-    # each (data-modifying CTEs) and the claims lock rows; SQLite runs the same guards in two.
+    # each (data-modifying CTEs); SQLite runs the same guards in two.
     "postgresql": WorldSpec(store="postgresql"),
     # Two patients, four reminders: a patient's reminders on one route share a conversation, so
     # one read of it answers for both (the stock workspace's events carry no status).

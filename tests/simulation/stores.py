@@ -33,6 +33,7 @@ from dispatcher.store.migrate import upgrade_database
 
 # The PostgreSQL server the tests use (tests/conftest.py reads the same variable); the simulation
 # makes its own database there, one per process, and drops it when the process ends.
+SIM_DATABASE_PREFIX = "dispatcher_test_sim_"  # the tests' prefix (dispatcher_test_), and the simulation's
 ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
@@ -101,7 +102,11 @@ def open_sqlite(run: Hooks) -> tuple[Engine, Reads]:
 
 
 class PostgresReads:
-    """``?`` placeholders, as the checks write them for SQLite, on a psycopg connection."""
+    """``?`` placeholders, as the checks write them for SQLite, on a psycopg connection.
+
+    A read between the nodes' transactions opens one (psycopg begins implicitly), which the next
+    node's transaction continues and commits: harmless at READ COMMITTED on one connection, and
+    our code reads no server time (``now()``) that the earlier start would move."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -117,16 +122,24 @@ class PostgresDatabase:
     """The process's own database, migrated once; every run empties its tables first."""
 
     def __init__(self, admin_url: str) -> None:
+        import psycopg
+
         self.admin_url = admin_url
-        self.name = f"dispatcher_test_sim_{uuid.uuid4().hex[:10]}"
+        self.name = f"{SIM_DATABASE_PREFIX}{uuid.uuid4().hex[:10]}"
+        # The process holds a lock named after its database for as long as it lives: a process
+        # killed outright (SIGKILL, a mutmut timeout, a cancelled CI job) runs no finalizer, but
+        # its lock goes with its connection, and the next process to start drops what it left.
+        owner = psycopg.connect(_conninfo(admin_url), autocommit=True)
+        owner.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.name,))
+        _drop_orphans(admin_url, owner)
         _on_the_server(admin_url, f'CREATE DATABASE "{self.name}"')
         # Dropped when the process ends, a pool's worker process too (multiprocessing runs these
         # finalizers before its children exit, where atexit would not run).
-        self.drop = multiprocessing.util.Finalize(self, _on_the_server, exitpriority=10,  # callable once
-                                                  args=(admin_url, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self.drop = multiprocessing.util.Finalize(self, _drop_and_let_go, exitpriority=10,  # callable once
+                                                  args=(admin_url, self.name, owner))
         self.url = make_url(admin_url).set(database=self.name)
         upgrade_database(self.url.render_as_string(hide_password=False))
-        self.conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conninfo = _conninfo(self.url.render_as_string(hide_password=False))
         self.engine = SharedEngine("postgresql+psycopg://")
         with self._connect() as connection:
             tables = [name for (name,) in connection.execute(
@@ -139,13 +152,40 @@ class PostgresDatabase:
 
         # No wait for the disk at each commit: the simulation's crashes are its nodes', never the
         # server's, so what a commit makes durable is never read back after a server restart.
-        return psycopg.connect(self.conninfo, options="-c synchronous_commit=off")
+        # The production engine's bounds (dispatcher.store.db.make_engine): a run left holding a lock
+        # fails the next one's statements instead of hanging it.
+        return psycopg.connect(self.conninfo, options="-c synchronous_commit=off -c lock_timeout=10000 "
+                                                      "-c statement_timeout=30000")
 
     def open(self, run: Hooks) -> tuple[Engine, Reads]:
         connection = self._connect()
         connection.execute(self.empty_tables)
         connection.commit()
         return self.engine.open(run, connection), PostgresReads(connection)
+
+
+def _conninfo(url: str) -> str:
+    """A SQLAlchemy URL as psycopg takes it."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _drop_orphans(admin_url: str, owner: Any) -> None:
+    """Drop the simulation databases whose process is gone: nobody holds their lock."""
+    names = [name for (name,) in owner.execute(
+        "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (SIM_DATABASE_PREFIX,))]
+    for name in names:
+        if owner.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (name,)).fetchone()[0]:
+            try:
+                _on_the_server(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                owner.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
+
+
+def _drop_and_let_go(admin_url: str, name: str, owner: Any) -> None:
+    try:
+        _on_the_server(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        owner.close()  # the lock goes with it
 
 
 def _on_the_server(admin_url: str, statement: str) -> None:
@@ -164,8 +204,7 @@ def postgres_answers() -> str | None:
     import psycopg
 
     try:
-        psycopg.connect(make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(hide_password=False),
-                        connect_timeout=5).close()
+        psycopg.connect(_conninfo(ADMIN_URL), connect_timeout=5).close()
     except psycopg.Error as error:
         return f"PostgreSQL does not answer at DISPATCHER_TEST_POSTGRES_URL ({type(error).__name__})"
     return None

@@ -184,7 +184,7 @@ SENDABLE_STATES = frozenset(state.value for state in SENDABLE_NOTIFICATION_STATE
 
 
 def as_time(value: object) -> datetime:
-    """A UTCDateTime column as SQLite keeps it (ISO text), read without the ORM."""
+    """A UTCDateTime column read without the ORM: ISO text on SQLite, a datetime on PostgreSQL."""
     moment = datetime.fromisoformat(str(value))
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
@@ -316,6 +316,12 @@ class WorldSpec:
     route_windows: tuple[tuple[str, str], ...] = ()  # quiet hours: (route, its send_window in UTC), as a clinic sets them
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
+
+    def __post_init__(self) -> None:
+        # Shared patients only among the kinds whose recipient is their phone number alone: the
+        # others set their patient up per notification, and the opt-out checks go by notification.
+        if self.patients and (self.opt_outs or not set(self.kind_pool or self.kinds or range(self.kind_count)) <= {0, 1, 2}):
+            raise ValueError("WorldSpec.patients: kinds 0-2 only, without opt-outs")
 
 
 @dataclass
