@@ -24,7 +24,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
@@ -124,19 +124,19 @@ class PostgresDatabase:
     def __init__(self, admin_url: str) -> None:
         import psycopg
 
-        self.admin_url = admin_url
         self.name = f"{SIM_DATABASE_PREFIX}{uuid.uuid4().hex[:10]}"
         # The process holds a lock named after its database for as long as it lives: a process
         # killed outright (SIGKILL, a mutmut timeout, a cancelled CI job) runs no finalizer, but
         # its lock goes with its connection, and the next process to start drops what it left.
+        # Autocommit: CREATE and DROP DATABASE run outside any transaction.
         owner = psycopg.connect(_conninfo(admin_url), autocommit=True)
         owner.execute("SELECT pg_advisory_lock(hashtext(%s))", (self.name,))
-        _drop_orphans(admin_url, owner)
-        _on_the_server(admin_url, f'CREATE DATABASE "{self.name}"')
+        _drop_orphans(owner)
+        owner.execute(f'CREATE DATABASE "{self.name}"')
         # Dropped when the process ends, a pool's worker process too (multiprocessing runs these
         # finalizers before its children exit, where atexit would not run).
         self.drop = multiprocessing.util.Finalize(self, _drop_and_let_go, exitpriority=10,  # callable once
-                                                  args=(admin_url, self.name, owner))
+                                                  args=(self.name, owner))
         self.url = make_url(admin_url).set(database=self.name)
         upgrade_database(self.url.render_as_string(hide_password=False))
         self.conninfo = _conninfo(self.url.render_as_string(hide_password=False))
@@ -169,33 +169,23 @@ def _conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _drop_orphans(admin_url: str, owner: Any) -> None:
+def _drop_orphans(owner: Any) -> None:
     """Drop the simulation databases whose process is gone: nobody holds their lock."""
     names = [name for (name,) in owner.execute(
         "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (SIM_DATABASE_PREFIX,))]
     for name in names:
         if owner.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (name,)).fetchone()[0]:
             try:
-                _on_the_server(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                owner.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             finally:
                 owner.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
 
 
-def _drop_and_let_go(admin_url: str, name: str, owner: Any) -> None:
+def _drop_and_let_go(name: str, owner: Any) -> None:
     try:
-        _on_the_server(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        owner.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         owner.close()  # the lock goes with it
-
-
-def _on_the_server(admin_url: str, statement: str) -> None:
-    """One statement outside any transaction (CREATE and DROP DATABASE need that)."""
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(statement))
-    finally:
-        admin.dispose()
 
 
 def postgres_answers() -> str | None:

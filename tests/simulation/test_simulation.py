@@ -134,9 +134,9 @@ def test_a_simulation_database_left_by_a_killed_process_is_dropped_by_the_next()
     import psycopg
 
     left, live = (f"{stores.SIM_DATABASE_PREFIX}{word}{uuid.uuid4().hex[:8]}" for word in ("left", "live"))
-    for name in (left, live):
-        stores._on_the_server(stores.ADMIN_URL, f'CREATE DATABASE "{name}"')
     holder = psycopg.connect(stores._conninfo(stores.ADMIN_URL), autocommit=True)
+    for name in (left, live):
+        holder.execute(f'CREATE DATABASE "{name}"')
     try:
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (live,))  # its process lives
         database = stores.PostgresDatabase(stores.ADMIN_URL)
@@ -144,9 +144,9 @@ def test_a_simulation_database_left_by_a_killed_process_is_dropped_by_the_next()
         names = {name for (name,) in holder.execute("SELECT datname FROM pg_database")}
         assert left not in names and live in names and database.name not in names
     finally:
-        holder.close()
         for name in (left, live):
-            stores._on_the_server(stores.ADMIN_URL, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            holder.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        holder.close()
 
 
 def test_the_mutation_worlds_reach_what_they_are_for() -> None:
