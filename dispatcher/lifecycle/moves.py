@@ -11,11 +11,12 @@ Statements are Core, on the tables, so the send path pays no ORM bookkeeping (is
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, case, exists, func, insert, or_, select, update
+from sqlalchemy import Row, and_, bindparam, case, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
@@ -64,8 +65,13 @@ def _both_or_neither(session: Session, taken: Any, move_notification: Any) -> Ro
     guarded update, only when the attempt's won>) SELECT * FROM taken``: the attempt's row, or None
     when its guard refused (and then the notification is left alone too). ``taken`` is the
     attempt's update as a CTE."""
+    return session.execute(_both_or_neither_statement(taken, move_notification)).one_or_none()
+
+
+def _both_or_neither_statement(taken: Any, move_notification: Any) -> Any:
+    """:func:`_both_or_neither`'s statement, for a caller that builds it once."""
     moved = move_notification.where(exists(select(taken.c[0]))).cte("moved")
-    return session.execute(select(taken).add_cte(moved)).one_or_none()
+    return select(taken).add_cte(moved)
 
 
 def _won(result: Any) -> bool:
@@ -492,28 +498,56 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
     ``next_read_at``: when reconciliation reads it back next, after this news (None: never)."""
     if current not in _starts_for("record_outcome", "attempt", new) or advance(current, new) != new:
         return False  # forward only; a failure after delivery is not one (the table has no such edge)
-    values: dict[str, Any] = {"state": new, "status_at": now, "updated_at": now, "next_read_at": next_read_at}
+    statements = _outcome_statements(new)
+    moving = {"move_attempt_id": attempt_id, "move_from": current.value, "move_at": now,
+              "move_next_read_at": next_read_at, "move_detail": _detail(external_error)}
+    if statements.mirror is None:  # failed: the notification follows with the fallback decision
+        return _won(session.execute(statements.attempt, moving))
+    mirroring = {"move_notification_id": notification_id, "move_attempt_number": attempt_number, "move_at": now}
+    if _one_statement(session):  # the consumer's hot path: one round trip for both rows
+        if session.execute(statements.both, {**moving, **mirroring}).one_or_none() is None:
+            return False
+    else:
+        if not _won(session.execute(statements.attempt, moving)):
+            return False
+        session.execute(statements.mirror, mirroring)
+    announce(session, notification_id, now=now)  # nothing when the notification did not follow (not its current attempt)
+    return True
+
+
+@dataclass(frozen=True)
+class _OutcomeStatements:
+    attempt: Any  # the attempt's guarded update
+    mirror: Any  # the notification's, or None when the move does not mirror (a failure)
+    both: Any  # both as one statement (PostgreSQL)
+
+
+@functools.cache
+def _outcome_statements(new: AttemptState) -> _OutcomeStatements:
+    """``record_outcome``'s statements for a move to ``new``, built once: the consumer runs one per
+    applied outcome, and a statement built anew costs SQLAlchemy a fresh cache key each time
+    (about a fifth of an outcome's CPU, measured by ``scripts/bench/consumer.py --profile``).
+    Everything that varies between calls is a bound parameter (named ``move_*``, never a column's
+    name: an UPDATE takes a parameter named like a column as one more value to set)."""
+    at: Any = bindparam("move_at")
+    values: dict[str, Any] = {"state": new, "status_at": at, "updated_at": at, "next_read_at": bindparam("move_next_read_at")}
     if new is AttemptState.FAILED:
-        values.update(error_kind="external_error", error_detail=_detail(external_error))
-    move_attempt = update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state == current).values(**values)
+        values.update(error_kind="external_error", error_detail=bindparam("move_detail"))
+    move_attempt = (update(ATTEMPTS)
+                    .where(ATTEMPTS.c.id == bindparam("move_attempt_id"), ATTEMPTS.c.state == bindparam("move_from"))
+                    .values(**values))
     if new is AttemptState.FAILED:
-        return _won(session.execute(move_attempt))
+        return _OutcomeStatements(attempt=move_attempt, mirror=None, both=None)
     mirrored = notification_state_for(new)
     mirror = (
         update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number,
+        .where(NOTIFICATIONS.c.id == bindparam("move_notification_id"),
+               NOTIFICATIONS.c.current_attempt == bindparam("move_attempt_number"),
                NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
-        .values(state=mirrored, delivery_state=new.value, updated_at=now)
+        .values(state=mirrored, delivery_state=new.value, updated_at=at)
     )
-    if _one_statement(session):  # the consumer's hot path: one round trip for both rows
-        if _both_or_neither(session, move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror) is None:
-            return False
-    else:
-        if not _won(session.execute(move_attempt)):
-            return False
-        session.execute(mirror)
-    announce(session, notification_id, now=now)  # nothing when the notification did not follow (not its current attempt)
-    return True
+    both = _both_or_neither_statement(move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror)
+    return _OutcomeStatements(attempt=move_attempt, mirror=mirror, both=both)
 
 
 # --- the single decision and the end ---------------------------------------------------------------

@@ -264,12 +264,16 @@ def drop_payload(session: Session, notification_id: int) -> None:
     session.execute(delete(PAYLOADS).where(PAYLOADS.c.notification_id == notification_id))
 
 
+_OF_NOTIFICATION: Any = bindparam("notification_id")
+_DROP_PAYLOAD_OF_CURRENT = delete(PAYLOADS).where(
+    PAYLOADS.c.notification_id == _OF_NOTIFICATION,
+    exists().where(NOTIFICATIONS.c.id == _OF_NOTIFICATION, NOTIFICATIONS.c.current_attempt == bindparam("attempt_number")))
+
+
 def drop_payload_of_current(session: Session, notification_id: int, *, attempt_number: int) -> None:
     """:func:`drop_payload`, when ``attempt_number`` is the notification's current attempt: one
-    statement, no read first."""
-    session.execute(delete(PAYLOADS).where(
-        PAYLOADS.c.notification_id == notification_id,
-        exists().where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.current_attempt == attempt_number)))
+    statement (built once), no read first."""
+    session.execute(_DROP_PAYLOAD_OF_CURRENT, {"notification_id": notification_id, "attempt_number": attempt_number})
 
 
 @dataclass(frozen=True)
@@ -508,17 +512,47 @@ def attempt_by_message(session: Session, workspace: str, message_id: int, *, for
     return session.scalars(query).one_or_none()
 
 
+@dataclass(frozen=True)
+class OutcomeAttempt:
+    """What applying an outcome reads of the attempt that sent the message."""
+
+    id: int
+    notification_id: int
+    number: int
+    state: str
+    purpose: str
+    accepted_at: datetime | None
+
+
+_ATTEMPT_OF_MESSAGE = select(
+    ATTEMPTS.c.id, ATTEMPTS.c.notification_id, ATTEMPTS.c.number, ATTEMPTS.c.state, ATTEMPTS.c.purpose,
+    ATTEMPTS.c.accepted_at,
+).where(ATTEMPTS.c.workspace == bindparam("workspace"), ATTEMPTS.c.message_id == bindparam("message_id"))
+_ATTEMPT_OF_MESSAGE_LOCKED = _ATTEMPT_OF_MESSAGE.with_for_update()
+
+
+def attempt_for_outcome(session: Session, workspace: str, message_id: int) -> OutcomeAttempt | None:
+    """:func:`attempt_by_message` for the outcome consumer (``for_update``): the columns it reads,
+    by a statement built once, with no ORM object to load."""
+    locked = session.get_bind().dialect.name == "postgresql"
+    row = session.execute(_ATTEMPT_OF_MESSAGE_LOCKED if locked else _ATTEMPT_OF_MESSAGE,
+                          {"workspace": workspace, "message_id": message_id}).one_or_none()
+    return None if row is None else OutcomeAttempt(*row)
+
+
+# SQLAlchemy 2.0 caches no dialect's INSERT ... ON CONFLICT: built as Core, it is compiled anew on
+# every call, once per applied outcome. The same text suits SQLite and PostgreSQL; RETURNING, not
+# the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
+_RECORD_APPLIED_STATUS = text(
+    f"INSERT INTO {table_of(AppliedStatus).name} (workspace, message_id, status, applied_at)"
+    " VALUES (:workspace, :message_id, :status, :applied_at) ON CONFLICT DO NOTHING RETURNING message_id"
+).bindparams(bindparam("applied_at", type_=table_of(AppliedStatus).c.applied_at.type))
+
+
 def record_applied_status(session: Session, workspace: str, message_id: int, status: str) -> bool:
     """Note that (workspace, message, status) is being applied; False when it was already."""
-    insert = insert_for(session)
-    # RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
-    table = table_of(AppliedStatus)
-    inserted = session.execute(
-        insert(table)
-        .values(workspace=workspace, message_id=message_id, status=status, applied_at=utcnow())
-        .on_conflict_do_nothing()
-        .returning(table.c.message_id)
-    ).first()
+    inserted = session.execute(_RECORD_APPLIED_STATUS, {"workspace": workspace, "message_id": message_id,
+                                                        "status": status, "applied_at": utcnow()}).first()
     return inserted is not None
 
 
@@ -699,36 +733,39 @@ class DeliveryRun:
     last_error: str | None
 
 
+_DELIVERIES = table_of(WebhookDelivery)
+_START_DELIVERY_RUN = (
+    update(_DELIVERIES)
+    .where(_DELIVERIES.c.id == bindparam("row_id"), _DELIVERIES.c.processed_at.is_(None))
+    .values(tries=_DELIVERIES.c.tries + 1)
+    .returning(_DELIVERIES.c.tries, _DELIVERIES.c.summary, _DELIVERIES.c.received_at, _DELIVERIES.c.last_error)
+)
+# Parameters not named like a column: an UPDATE takes one that is as one more value to set.
+_MARK_DELIVERY_PROCESSED = (
+    update(_DELIVERIES)
+    .where(_DELIVERIES.c.id == bindparam("row_id"), _DELIVERIES.c.processed_at.is_(None))
+    .values(processed_at=bindparam("processed"), outcome=bindparam("word"))
+)
+
+
 def start_delivery_run(session: Session, delivery_row_id: int) -> DeliveryRun | None:
     """Count one more run of an unprocessed delivery and read it, in one statement; None when it
     is processed already (or gone)."""
-    deliveries = table_of(WebhookDelivery)
-    row = session.execute(
-        update(deliveries)
-        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
-        .values(tries=deliveries.c.tries + 1)
-        .returning(deliveries.c.tries, deliveries.c.summary, deliveries.c.received_at, deliveries.c.last_error)
-    ).one_or_none()
+    row = session.execute(_START_DELIVERY_RUN, {"row_id": delivery_row_id}).one_or_none()
     return None if row is None else DeliveryRun(row.tries, dict(row.summary), row.received_at, row.last_error)
 
 
 def note_delivery_error(session: Session, delivery_row_id: int, *, error: str, spent_try: bool = True) -> None:
     """Keep a failed run's error kind on the row; ``spent_try=False`` gives the run's try back
     (the workspace was away: the delivery waits for it instead of running out of tries)."""
-    deliveries = table_of(WebhookDelivery)
     values: dict[str, object] = {"last_error": error[:80]}
     if not spent_try:
-        values["tries"] = deliveries.c.tries - 1
-    session.execute(update(deliveries).where(deliveries.c.id == delivery_row_id).values(**values))
+        values["tries"] = _DELIVERIES.c.tries - 1
+    session.execute(update(_DELIVERIES).where(_DELIVERIES.c.id == delivery_row_id).values(**values))
 
 
 def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: str, now: datetime) -> bool:
-    deliveries = table_of(WebhookDelivery)
-    result = session.execute(
-        update(deliveries)
-        .where(deliveries.c.id == delivery_row_id, deliveries.c.processed_at.is_(None))
-        .values(processed_at=now, outcome=outcome[:40])
-    )
+    result = session.execute(_MARK_DELIVERY_PROCESSED, {"row_id": delivery_row_id, "processed": now, "word": outcome[:40]})
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 

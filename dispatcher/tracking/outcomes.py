@@ -258,7 +258,7 @@ def _apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None
     now = ctx.clock()
     workspace = ctx.settings.workspace_name
     with ctx.sessions.begin() as session:
-        attempt = store.attempt_by_message(session, workspace, outcome.message_id, for_update=True)
+        attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
         if attempt is None:
             return "ignored_not_ours"
         if outcome.status is not None and not store.record_applied_status(session, workspace, outcome.message_id,
@@ -288,7 +288,7 @@ def _apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None
     return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
 
 
-def _trace_outcome(session: Session, attempt: Attempt, outcome: Outcome, new: AttemptState) -> None:
+def _trace_outcome(session: Session, attempt: store.OutcomeAttempt, outcome: Outcome, new: AttemptState) -> None:
     """The outcome, a step in the notification's trace (dispatcher.tracing), while tracing is on."""
     if tracing.enabled():
         tracing.mark(store.trace_parent_of(session, attempt.notification_id), "dispatcher.outcome", {
