@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, case, exists, func, insert, or_, select, update
+from sqlalchemy import Row, and_, bindparam, case, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
@@ -135,20 +135,29 @@ def open_attempt(session: Session, *, notification_id: int, number: int, route: 
     (``runs``, the crash guard); a run that ends without dying gives it back (:func:`end_run`).
     Provider tries are counted apart, only for calls that reached the workspace (:func:`count_try`).
     """
-    dialect_insert = insert_for(session)
-    statement = (
-        dialect_insert(ATTEMPTS)
-        .values(notification_id=notification_id, workspace=_workspace_of(notification_id), number=number,
-                route=route, channel=channel,
-                state=_ends_in("open_attempt", "attempt", AttemptState.QUEUED), tries=0, runs=1, created_at=now,
-                updated_at=now)
-        .on_conflict_do_update(
-            index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number],
-            set_={"runs": ATTEMPTS.c.runs + 1, "updated_at": now},
-        )
-        .returning(*columns)
-    )
-    return session.execute(statement).one()
+    return session.execute(_open_attempt_statement(columns), {
+        "notification_id": notification_id, "number": number, "purpose": AttemptPurpose.FIRST.value,  # the column default
+        "route": route, "channel": channel, "state": _ends_in("open_attempt", "attempt", AttemptState.QUEUED),
+        "now": now}).one()
+
+
+@functools.cache
+def _open_attempt_statement(columns: tuple[Any, ...]) -> Any:
+    """``open_attempt``'s upsert, written once as SQL that SQLite and PostgreSQL both take: SQLAlchemy
+    2.0 caches no dialect's ``INSERT ... ON CONFLICT``, so built as Core it would be compiled anew
+    for every send (about a tenth of a warm send's CPU, ``scripts/bench/db_cost.py --profile``).
+    The columns and defaults are the ones the Core insert wrote (``purpose``'s and ``claims``'
+    defaults, the workspace as a subquery of the notification); results are typed by ``columns``."""
+    attempts, notifications = ATTEMPTS.name, NOTIFICATIONS.name
+    returned = ", ".join(column.name for column in columns)
+    return text(
+        f"INSERT INTO {attempts} (notification_id, workspace, number, purpose, route, channel, state, tries, runs,"
+        " claims, created_at, updated_at)"
+        f" VALUES (:notification_id, (SELECT workspace FROM {notifications} WHERE id = :notification_id), :number,"
+        " :purpose, :route, :channel, :state, 0, 1, 0, :now, :now)"
+        f" ON CONFLICT (notification_id, number) DO UPDATE SET runs = {attempts}.runs + 1, updated_at = :now"
+        f" RETURNING {returned}"
+    ).bindparams(bindparam("now", type_=ATTEMPTS.c.updated_at.type)).columns(*columns)
 
 
 # --- before the message exists ------------------------------------------------------------------

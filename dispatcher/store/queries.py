@@ -453,6 +453,24 @@ def release_conversation_claim(session: Session, *, account: Account, contact_id
     )
 
 
+def _same_pair_as_contact(model: Any) -> Any:
+    return ((model.instance == KnownContact.instance) & (model.account_id == KnownContact.account_id)
+            & (model.contact_id == KnownContact.contact_id) & (model.inbox_id == bindparam("inbox_id")))
+
+
+# Built once (the warm path runs it for every send): the keys are one expanding parameter.
+_CACHED_TARGET = (
+    select(KnownContact.identity_key, KnownContact.contact_id, ContactInbox.source_id, ConversationLink.conversation_id,
+           ServiceWindow.last_incoming_at)
+    .select_from(KnownContact)
+    .outerjoin(ContactInbox, _same_pair_as_contact(ContactInbox))
+    .outerjoin(ConversationLink, _same_pair_as_contact(ConversationLink))
+    .outerjoin(ServiceWindow, _same_pair_as_contact(ServiceWindow))
+    .where(KnownContact.instance == bindparam("instance"), KnownContact.account_id == bindparam("account_id"),
+           KnownContact.identity_key.in_(bindparam("keys", expanding=True)))
+)
+
+
 def cached_target(
     session: Session, *, account: Account, keys: Sequence[str], inbox_id: int, now: datetime
 ) -> tuple[int | None, str | None, int | None, bool]:
@@ -460,27 +478,8 @@ def cached_target(
     source_id, conversation display ID, and whether the service window is open."""
     if not keys:
         return None, None, None, False
-    def same_pair(model: Any) -> Any:
-        return (
-            (model.instance == KnownContact.instance)
-            & (model.account_id == KnownContact.account_id)
-            & (model.contact_id == KnownContact.contact_id)
-            & (model.inbox_id == inbox_id)
-        )
-    rows = session.execute(
-        select(
-            KnownContact.identity_key,
-            KnownContact.contact_id,
-            ContactInbox.source_id,
-            ConversationLink.conversation_id,
-            ServiceWindow.last_incoming_at,
-        )
-        .select_from(KnownContact)
-        .outerjoin(ContactInbox, same_pair(ContactInbox))
-        .outerjoin(ConversationLink, same_pair(ConversationLink))
-        .outerjoin(ServiceWindow, same_pair(ServiceWindow))
-        .where(of_account(KnownContact, account), KnownContact.identity_key.in_(list(keys)))
-    ).all()
+    rows = session.execute(_CACHED_TARGET, {"instance": account.instance, "account_id": account.id, "inbox_id": inbox_id,
+                                            "keys": list(keys)}).all()
     if not rows:
         return None, None, None, False
     row = min(rows, key=lambda found: list(keys).index(found.identity_key))  # identifier before phone
