@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, case, exists, func, insert, or_, select, text, update
+from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
-from dispatcher.store.db import insert_for
+from dispatcher.store.db import BoundCondition, insert_for
 from dispatcher.store.models import Attempt, Notification, table_of
 
 NOTIFICATIONS = table_of(Notification)
@@ -229,7 +229,7 @@ def cancel(session: Session, *, notification_id: int, number: int, route: str, c
     return True
 
 
-def _claimable(attempt_id: int, seen_claims: int, now: datetime) -> Any:
+def _claimable(attempt_id: Any, seen_claims: Any, now: Any) -> Any:
     """The claim's guard on the attempt: queued or unknown, or in flight past its lease; and not
     claimed by anyone since the caller read it (``seen_claims``)."""
     start = _starts_for("claim", "attempt", AttemptState.IN_FLIGHT)
@@ -256,7 +256,7 @@ def _held(attempt_id: int, seen_claims: int | None, now: datetime) -> Any:
 
 
 def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: bool, target: Target, now: datetime,
-          lease_until: datetime, seen_claims: int, refused_when: Any = None) -> bool:
+          lease_until: datetime, seen_claims: int, refused_when: BoundCondition | None = None) -> bool:
     """Take the attempt for one createMessage call: from queued or unknown, or from an expired lease,
     and only if no other worker claimed it since this one read it (``seen_claims``, the attempt's
     ``claims`` as read). Without that, a worker that looked for an earlier try's message and found
@@ -264,30 +264,50 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
 
     ``refused_when``: a condition under which the claim must not happen (the recipient opted out,
     :func:`dispatcher.recipients.suppressions.refusal_clause`), checked by the same statement."""
+    refusal = refused_when if refused_when is not None else _NEVER_REFUSED
+    statements = _claim_statements(fallback, refusal.clause)
+    params = {**refusal.params, "move_attempt_id": attempt_id, "move_seen_claims": seen_claims, "move_at": now,
+              "move_lease_until": lease_until, "move_inbox_id": target.inbox_id, "move_contact_id": target.contact_id,
+              "move_conversation_id": target.conversation_id, "move_content_hash": target.content_hash,
+              "move_notification_id": notification_id, "move_channel": target.channel}
+    if _one_statement(session):
+        return session.execute(statements.both, params).one_or_none() is not None
+    if not _won(session.execute(statements.attempt, params)):
+        return False
+    session.execute(statements.mirror, params)
+    return True
+
+
+_NEVER_REFUSED = BoundCondition(false())
+
+
+@functools.cache
+def _claim_statements(fallback: bool, refused_when: Any) -> _MoveStatements:
+    """``claim``'s statements for a first attempt or a fallback and a shape of refusal, built once
+    (as :func:`_outcome_statements`); the refusal's own parameters come with it."""
+    at: Any = bindparam("move_at")
+    inbox_id: Any = bindparam("move_inbox_id")
+    conversation_id: Any = bindparam("move_conversation_id")
     take_attempt = (
         update(ATTEMPTS)
-        .where(_claimable(attempt_id, seen_claims, now), *([~refused_when] if refused_when is not None else []))
-        .values(state=AttemptState.IN_FLIGHT, lease_until=lease_until, claims=ATTEMPTS.c.claims + 1,
-                in_flight_since=now, updated_at=now, inbox_id=target.inbox_id, contact_id=target.contact_id,
-                conversation_id=target.conversation_id, content_hash=target.content_hash)
+        .where(_claimable(bindparam("move_attempt_id"), bindparam("move_seen_claims"), at), ~refused_when)
+        .values(state=AttemptState.IN_FLIGHT, lease_until=bindparam("move_lease_until"), claims=ATTEMPTS.c.claims + 1,
+                in_flight_since=at, updated_at=at, inbox_id=inbox_id, contact_id=bindparam("move_contact_id"),
+                conversation_id=conversation_id, content_hash=bindparam("move_content_hash"))
     )
     sending = NotificationState.FALLING_BACK if fallback else NotificationState.SENDING
     move_notification = (
         update(NOTIFICATIONS)
-        .where(NOTIFICATIONS.c.id == notification_id, NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
+        .where(NOTIFICATIONS.c.id == bindparam("move_notification_id"),
+               NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
         # The notification's record describes its current attempt: where this call goes, and no
         # message yet (a fallback's claim must not pair the first route's message with its own inbox).
-        .values(state=sending, inbox_id=target.inbox_id, channel=target.channel,
-                conversation_id=target.conversation_id, message_id=None, accepted_at=None, updated_at=now,
-                enqueued_at=now, next_try_at=None, **_wait_over())
+        .values(state=sending, inbox_id=inbox_id, channel=bindparam("move_channel"),
+                conversation_id=conversation_id, message_id=None, accepted_at=None, updated_at=at,
+                enqueued_at=at, next_try_at=None, **_wait_over())
     )
-    if _one_statement(session):
-        taken = take_attempt.returning(ATTEMPTS.c.id).cte("taken")
-        return _both_or_neither(session, taken, move_notification) is not None
-    if not _won(session.execute(take_attempt)):
-        return False
-    session.execute(move_notification)
-    return True
+    both = _both_or_neither_statement(take_attempt.returning(ATTEMPTS.c.id).cte("taken"), move_notification)
+    return _MoveStatements(attempt=take_attempt, mirror=move_notification, both=both)
 
 
 def release(session: Session, *, attempt_id: int, seen_claims: int, now: datetime) -> bool:
@@ -465,38 +485,52 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
            now: datetime, next_read_at: datetime | None) -> Accepted | None:
     """The workspace took the message: record its ID and first status on the attempt and the
     notification, and when reconciliation reads it back first (None: never, it is settled)."""
+    statements = _accept_statements(state)
+    params = {"move_attempt_id": attempt_id, "move_notification_id": notification_id, "move_message_id": message_id,
+              "move_at": now, "move_next_read_at": next_read_at}
+    if _one_statement(session):
+        # the notification takes the attempt's target from the attempt's own update, in the same statement
+        row = session.execute(statements.both, params).one_or_none()
+    else:
+        row = session.execute(statements.attempt, params).one_or_none()
+        if row is not None:
+            session.execute(statements.mirror, {**params, "move_inbox_id": row.inbox_id, "move_channel": row.channel,
+                                                "move_conversation_id": row.conversation_id})
+    if row is None:
+        return None
+    announce(session, notification_id, now=now)
+    return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
+
+
+@functools.cache
+def _accept_statements(state: AttemptState) -> _MoveStatements:
+    """``accept``'s statements for a first status ``state``, built once (as :func:`_outcome_statements`)."""
+    at: Any = bindparam("move_at")
     take_attempt = (
         update(ATTEMPTS)
-        .where(ATTEMPTS.c.id == attempt_id, ATTEMPTS.c.state.in_(_starts_for("accept", "attempt", state)))
-        .values(state=state, message_id=message_id, accepted_at=now, status_at=now, next_read_at=next_read_at,
-                updated_at=now, content_hash=None, lease_until=None, error_kind=None, error_detail=None)
+        .where(ATTEMPTS.c.id == bindparam("move_attempt_id"), ATTEMPTS.c.state.in_(_starts_for("accept", "attempt", state)))
+        .values(state=state, message_id=bindparam("move_message_id"), accepted_at=at, status_at=at,
+                next_read_at=bindparam("move_next_read_at"), updated_at=at, content_hash=None, lease_until=None,
+                error_kind=None, error_detail=None)
         .returning(ATTEMPTS.c.inbox_id, ATTEMPTS.c.channel, ATTEMPTS.c.conversation_id)
     )
 
     def move_notification(inbox_id: Any, channel: Any, conversation_id: Any) -> Any:
         return (
             update(NOTIFICATIONS)
-            .where(NOTIFICATIONS.c.id == notification_id,
+            .where(NOTIFICATIONS.c.id == bindparam("move_notification_id"),
                    NOTIFICATIONS.c.state.in_(_starts_for("accept", "notification", notification_state_for(state))))
-            .values(state=notification_state_for(state), message_id=message_id,
-                    conversation_id=conversation_id, inbox_id=inbox_id, channel=channel, accepted_at=now,
-                    delivery_state=state.value, error_kind=None, error_detail=None, updated_at=now)
+            .values(state=notification_state_for(state), message_id=bindparam("move_message_id"),
+                    conversation_id=conversation_id, inbox_id=inbox_id, channel=channel, accepted_at=at,
+                    delivery_state=state.value, error_kind=None, error_detail=None, updated_at=at)
         )
 
-    if _one_statement(session):
-        # the notification takes the attempt's target from the attempt's own update, in the same statement
-        taken = take_attempt.cte("taken")
-        row = _both_or_neither(session, taken, move_notification(
-            select(taken.c.inbox_id).scalar_subquery(), select(taken.c.channel).scalar_subquery(),
-            select(taken.c.conversation_id).scalar_subquery()))
-    else:
-        row = session.execute(take_attempt).one_or_none()
-        if row is not None:
-            session.execute(move_notification(row.inbox_id, row.channel, row.conversation_id))
-    if row is None:
-        return None
-    announce(session, notification_id, now=now)
-    return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
+    taken = take_attempt.cte("taken")
+    both = _both_or_neither_statement(taken, move_notification(
+        select(taken.c.inbox_id).scalar_subquery(), select(taken.c.channel).scalar_subquery(),
+        select(taken.c.conversation_id).scalar_subquery()))
+    mirror = move_notification(bindparam("move_inbox_id"), bindparam("move_channel"), bindparam("move_conversation_id"))
+    return _MoveStatements(attempt=take_attempt, mirror=mirror, both=both)
 
 
 def record_outcome(session: Session, *, notification_id: int, attempt_id: int, attempt_number: int,
@@ -525,14 +559,16 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
 
 
 @dataclass(frozen=True)
-class _OutcomeStatements:
+class _MoveStatements:
+    """A move's statements, built once with bound parameters (named ``move_*``)."""
+
     attempt: Any  # the attempt's guarded update
     mirror: Any  # the notification's, or None when the move does not mirror (a failure)
     both: Any  # both as one statement (PostgreSQL)
 
 
 @functools.cache
-def _outcome_statements(new: AttemptState) -> _OutcomeStatements:
+def _outcome_statements(new: AttemptState) -> _MoveStatements:
     """``record_outcome``'s statements for a move to ``new``, built once: the consumer runs one per
     applied outcome, and a statement built anew costs SQLAlchemy a fresh cache key each time
     (about a fifth of an outcome's CPU, measured by ``scripts/bench/consumer.py --profile``).
@@ -546,7 +582,7 @@ def _outcome_statements(new: AttemptState) -> _OutcomeStatements:
                     .where(ATTEMPTS.c.id == bindparam("move_attempt_id"), ATTEMPTS.c.state == bindparam("move_from"))
                     .values(**values))
     if new is AttemptState.FAILED:
-        return _OutcomeStatements(attempt=move_attempt, mirror=None, both=None)
+        return _MoveStatements(attempt=move_attempt, mirror=None, both=None)
     mirrored = notification_state_for(new)
     mirror = (
         update(NOTIFICATIONS)
@@ -556,7 +592,7 @@ def _outcome_statements(new: AttemptState) -> _OutcomeStatements:
         .values(state=mirrored, delivery_state=new.value, updated_at=at)
     )
     both = _both_or_neither_statement(move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror)
-    return _OutcomeStatements(attempt=move_attempt, mirror=mirror, both=both)
+    return _MoveStatements(attempt=move_attempt, mirror=mirror, both=both)
 
 
 # --- the single decision and the end ---------------------------------------------------------------

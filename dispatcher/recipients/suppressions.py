@@ -11,17 +11,18 @@ transaction that claims an attempt.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import delete, exists, false, or_, select, true, tuple_
+from sqlalchemy import bindparam, delete, exists, false, or_, select, true, tuple_
 from sqlalchemy.orm import Session
 
 from dispatcher.store.account import Account, of_account
-from dispatcher.store.db import insert_for
+from dispatcher.store.db import BoundCondition, insert_for
 from dispatcher.store.models import Consent, KnownContact, Suppression, SuppressionChange, table_of
 
 SUPPRESSIONS = table_of(Suppression)
@@ -141,19 +142,32 @@ def blocking_reason(session: Session, *, account: Account, keys: Sequence[str], 
     return None
 
 
-def refusal_clause(*, account: Account, keys: Sequence[str], channel: str, category: str, needs_consent: bool) -> Any:
+def refusal_clause(*, account: Account, keys: Sequence[str], channel: str, category: str,
+                   needs_consent: bool) -> BoundCondition:
     """:func:`blocking_reason` as a SQL condition, for a claim's own ``WHERE``: true when the send
     must not happen. The warm path's claim carries it, so the check costs no round trip of its own
-    and holds at the very statement that takes the attempt."""
+    and holds at the very statement that takes the attempt. Built once for each shape, with the
+    account, keys, channel and category as bound parameters (``refuse_*``)."""
     if not keys:
-        return true() if needs_consent else false()
+        return BoundCondition(true() if needs_consent else false())
+    return BoundCondition(_refusal_template(needs_consent), {
+        "refuse_instance": account.instance, "refuse_account_id": account.id, "refuse_keys": list(keys),
+        "refuse_channel": channel, "refuse_category": category})
+
+
+@functools.cache
+def _refusal_template(needs_consent: bool) -> Any:
+    instance: Any = bindparam("refuse_instance")
+    account_id: Any = bindparam("refuse_account_id")
+    keys: Any = bindparam("refuse_keys", expanding=True)
+    channel: Any = bindparam("refuse_channel")
     suppressed = exists().where(
-        of_account(SUPPRESSIONS.c, account), SUPPRESSIONS.c.recipient_key.in_(keys),
-        SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([category, ALL]))
+        SUPPRESSIONS.c.instance == instance, SUPPRESSIONS.c.account_id == account_id, SUPPRESSIONS.c.recipient_key.in_(keys),
+        SUPPRESSIONS.c.channel.in_([channel, ALL]), SUPPRESSIONS.c.category.in_([bindparam("refuse_category"), ALL]))
     if not needs_consent:
         return suppressed
-    consented = exists().where(of_account(CONSENTS.c, account), CONSENTS.c.recipient_key.in_(keys),
-                               CONSENTS.c.channel == channel)
+    consented = exists().where(CONSENTS.c.instance == instance, CONSENTS.c.account_id == account_id,
+                               CONSENTS.c.recipient_key.in_(keys), CONSENTS.c.channel == channel)
     return or_(suppressed, ~consented)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,15 @@ def dispose_after_fork() -> None:
     """Forget pooled connections inherited from a parent process (Celery prefork children)."""
     for engine in _engines.values():
         engine.dispose(close=False)
+
+
+@dataclass(frozen=True)
+class BoundCondition:
+    """A condition for another statement's ``WHERE``, built once with bound parameters, and the
+    values of those parameters for this use: the statement that takes it is built once too."""
+
+    clause: Any
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 def insert_for(session: Session) -> Any:
