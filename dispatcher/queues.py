@@ -16,6 +16,9 @@ MAINTENANCE_QUEUE = "dispatcher.maintenance"
 SEND_TASK = "dispatcher.send"
 SWEEP_TASK = "dispatcher.sweep"
 OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row ID
+# several verified deliveries, by their row IDs (the receiver's group commit): applied together
+OUTCOMES_TASK = "dispatcher.outcomes"
+OUTCOMES_PER_TASK = 100  # at most, so that one task stays short (a batch is one transaction)
 # one message whose delivery report the receiver could not record (its store was away), by its
 # message ID: read its state back from the workspace once the store answers again
 READ_BACK_TASK = "dispatcher.read_back"

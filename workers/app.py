@@ -14,6 +14,7 @@ from dispatcher.queues import (
     MAINTENANCE_QUEUE,
     OUTCOME_TASK,
     OUTCOMES_QUEUE,
+    OUTCOMES_TASK,
     READ_BACK_TASK,
     RETENTION_TASK,
     SEND_QUEUE,
@@ -51,6 +52,7 @@ def create_app(settings: Settings) -> Celery:
         task_routes={
             SEND_TASK: {"queue": SEND_QUEUE},
             OUTCOME_TASK: {"queue": OUTCOMES_QUEUE},
+            OUTCOMES_TASK: {"queue": OUTCOMES_QUEUE},
             READ_BACK_TASK: {"queue": OUTCOMES_QUEUE},
             SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             TRACKING_SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},

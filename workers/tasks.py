@@ -19,6 +19,7 @@ from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.queues import (
     CALLBACKS_TASK,
     OUTCOME_TASK,
+    OUTCOMES_TASK,
     READ_BACK_TASK,
     RETENTION_TASK,
     SEND_TASK,
@@ -28,7 +29,7 @@ from dispatcher.queues import (
 from dispatcher.sending.next_run import schedule_next_run
 from dispatcher.sending.send import Outcome, send_notification, set_aside_unconfigured
 from dispatcher.tracking.outcomes import read_back_message
-from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
+from dispatcher.tracking.reconcile import process_deliveries, process_delivery, tracking_sweep
 from workers import runtime
 from workers.app import app
 
@@ -97,6 +98,35 @@ def outcome(self: Task, delivery_row_id: int) -> str:
         raise self.retry(countdown=max(wait.delay_s, 0.05), max_retries=None) from None
     except (OperationalError, InterfaceError) as error:
         raise _store_unavailable(self, f"webhook delivery {delivery_row_id}", error) from None
+
+
+@app.task(name=OUTCOMES_TASK, bind=True, ignore_result=True, max_retries=None)
+def outcomes(self: Task, delivery_row_ids: list[int]) -> dict[str, int]:
+    """Apply several recorded webhook deliveries (the receiver's group commit), those with a status
+    in one transaction (docs/tracking.md). Those told to wait (no status yet, or the limiter) run
+    again after the wait, as one task; every run counts a try on each, as for ``outcome``."""
+    row_ids = [int(row_id) for row_id in delivery_row_ids]
+    try:
+        by_workspace: dict[str, list[int]] = {}
+        for row_id in row_ids:  # one workspace unless several are configured (then one read each)
+            by_workspace.setdefault(runtime.workspace_of("webhook_deliveries", row_id), []).append(row_id)
+        words: dict[str, int] = {}
+        waiting: list[int] = []
+        wait_s = 0.0
+        for workspace, ids in by_workspace.items():
+            if not runtime.serves(workspace):
+                log.error("webhook deliveries %s: their workspace is not configured; not applied", ids)
+                continue
+            result = process_deliveries(ids, runtime.send_context(workspace), runtime.enqueuer())
+            for word, count in result.words.items():
+                words[word] = words.get(word, 0) + count
+            waiting += result.waiting
+            wait_s = max(wait_s, result.wait_s)
+    except (OperationalError, InterfaceError) as error:
+        raise _store_unavailable(self, f"webhook deliveries {row_ids}", error) from None
+    if waiting:
+        raise self.retry(args=[waiting], countdown=max(wait_s, 0.05), max_retries=None)
+    return words
 
 
 @app.task(name=READ_BACK_TASK, bind=True, ignore_result=True, max_retries=None)

@@ -747,6 +747,25 @@ _MARK_DELIVERY_PROCESSED = (
 )
 
 
+_START_DELIVERY_RUNS = (
+    update(_DELIVERIES)
+    .where(_DELIVERIES.c.id.in_(bindparam("row_ids", expanding=True)), _DELIVERIES.c.processed_at.is_(None))
+    .values(tries=_DELIVERIES.c.tries + 1)
+    .returning(_DELIVERIES.c.id, _DELIVERIES.c.tries, _DELIVERIES.c.summary, _DELIVERIES.c.received_at,
+               _DELIVERIES.c.last_error)
+)
+
+
+def start_delivery_runs(session: Session, delivery_row_ids: list[int]) -> dict[int, DeliveryRun]:
+    """:func:`start_delivery_run` for several deliveries, in one statement: the unprocessed ones'
+    runs, by row ID, in the order given."""
+    if not delivery_row_ids:
+        return {}
+    rows = {row.id: DeliveryRun(row.tries, dict(row.summary), row.received_at, row.last_error)
+            for row in session.execute(_START_DELIVERY_RUNS, {"row_ids": delivery_row_ids})}
+    return {row_id: rows[row_id] for row_id in dict.fromkeys(delivery_row_ids) if row_id in rows}
+
+
 def start_delivery_run(session: Session, delivery_row_id: int) -> DeliveryRun | None:
     """Count one more run of an unprocessed delivery and read it, in one statement; None when it
     is processed already (or gone)."""

@@ -235,57 +235,87 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
     return found, set(listed)
 
 
+@dataclass(frozen=True)
+class FailedAttempt:
+    """A failure an outcome recorded: its decision follows, outside the recording transaction."""
+
+    notification_id: int
+    purpose: AttemptPurpose
+    external_error: str | None  # redacted
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one outcome did inside its transaction: its word, and the failure it recorded, if any."""
+
+    word: str
+    failed: FailedAttempt | None = None
+
+
 def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
                   mark_processed: MarkProcessed | None = None) -> str:
     """Move the attempt forward (never back), once per (message, status); decide on a failure.
     A failure applied before whose decision is still owed (the run that applied it died before
     deciding) gets it now. ``mark_processed``: see :func:`apply_event`."""
-    applied = _apply_outcome(outcome, ctx, enqueuer, mark_processed=mark_processed)
-    if applied != "duplicate_status" or attempt_state_from_status(outcome.status) is not AttemptState.FAILED:
-        return applied
+    with ctx.sessions.begin() as session:
+        applied = apply_in(session, outcome, ctx, mark_processed=mark_processed)
+    return follow_up(outcome, applied, ctx, enqueuer)
+
+
+def follow_up(outcome: Outcome, applied: Applied, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+    """What follows an outcome's transaction, once it committed: a recorded failure's decision, or
+    the decision a failure reported again still owes. The outcome's final word."""
+    if applied.failed is not None:
+        failed = applied.failed
+        if failed.purpose in AFTER_DECISION_PURPOSES:
+            return end_fallback_after_external_failure(failed.notification_id, failed.external_error, ctx)
+        return decide_after_external_failure(failed.notification_id, failed.external_error, ctx, enqueuer,
+                                             purpose=failed.purpose)
+    if applied.word != "duplicate_status" or attempt_state_from_status(outcome.status) is not AttemptState.FAILED:
+        return applied.word
     with ctx.sessions() as session:
         attempt = store.attempt_by_message(session, ctx.settings.workspace_name, outcome.message_id)
         notification_id = attempt.notification_id if attempt is not None else None
     owed = finish_owed_decision(notification_id, ctx, enqueuer) if notification_id is not None else None
-    return applied if owed is None else f"owed_{owed}"
+    return applied.word if owed is None else f"owed_{owed}"
 
 
-def _apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None, *,
-                   mark_processed: MarkProcessed | None) -> str:
+def apply_in(session: Session, outcome: Outcome, ctx: SendContext, *,
+             mark_processed: MarkProcessed | None = None) -> Applied:
+    """The part of :func:`apply_outcome` inside the caller's transaction (the consumer applies many
+    outcomes in one): the move, the applied status and the payload drop. ``mark_processed`` is
+    called for a move that needs nothing after the transaction."""
     if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
         outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
     workspace = ctx.settings.workspace_name
-    with ctx.sessions.begin() as session:
-        attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
-        if attempt is None:
-            return "ignored_not_ours"
-        if outcome.status is not None and not store.record_applied_status(session, workspace, outcome.message_id,
-                                                                          outcome.status):
-            return "duplicate_status"
-        current = AttemptState(attempt.state)
-        new = advance(current, reported)
-        if new == current:
-            return "stale"
-        read_next = next_read_at(state=new, accepted_at=attempt.accepted_at or now, now=now,
-                                 plan=readback_plan_of(ctx.settings))
-        if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
-                                    attempt_number=attempt.number, current=current, new=new,
-                                    external_error=outcome.external_error, now=now, next_read_at=read_next):
-            return "stale"  # a concurrent outcome moved it first; its own run carries on from there
-        _trace_outcome(session, attempt, outcome, new)
-        if new in (AttemptState.DELIVERED, AttemptState.READ):
-            # delivered: no other attempt can be needed any more (when it is the current one)
-            store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
-        purpose, notification_id = AttemptPurpose(attempt.purpose), attempt.notification_id
-        if new is not AttemptState.FAILED:
-            if mark_processed is not None:
-                mark_processed(session, f"applied_{new.value}")
-            return f"applied_{new.value}"
-    if purpose in AFTER_DECISION_PURPOSES:
-        return end_fallback_after_external_failure(notification_id, outcome.external_error, ctx)
-    return decide_after_external_failure(notification_id, outcome.external_error, ctx, enqueuer, purpose=purpose)
+    attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
+    if attempt is None:
+        return Applied("ignored_not_ours")
+    if outcome.status is not None and not store.record_applied_status(session, workspace, outcome.message_id,
+                                                                      outcome.status):
+        return Applied("duplicate_status")
+    current = AttemptState(attempt.state)
+    new = advance(current, reported)
+    if new == current:
+        return Applied("stale")
+    read_next = next_read_at(state=new, accepted_at=attempt.accepted_at or now, now=now,
+                             plan=readback_plan_of(ctx.settings))
+    if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
+                                attempt_number=attempt.number, current=current, new=new,
+                                external_error=outcome.external_error, now=now, next_read_at=read_next):
+        return Applied("stale")  # a concurrent outcome moved it first; its own run carries on from there
+    _trace_outcome(session, attempt, outcome, new)
+    if new in (AttemptState.DELIVERED, AttemptState.READ):
+        # delivered: no other attempt can be needed any more (when it is the current one)
+        store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
+    if new is AttemptState.FAILED:
+        return Applied("failed", FailedAttempt(attempt.notification_id, AttemptPurpose(attempt.purpose),
+                                               outcome.external_error))
+    if mark_processed is not None:
+        mark_processed(session, f"applied_{new.value}")
+    return Applied(f"applied_{new.value}")
 
 
 def _trace_outcome(session: Session, attempt: store.OutcomeAttempt, outcome: Outcome, new: AttemptState) -> None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from pydantic import ValidationError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from dispatcher import metrics
@@ -115,6 +116,11 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
             return "already_processed" if store.load_delivery(session, delivery_row_id) is not None else "missing"
         if run.tries > ctx.settings.delivery_max_tries:
             store.mark_delivery_processed(session, delivery_row_id, outcome=store.SET_ASIDE, now=ctx.clock())
+    return _process_run(delivery_row_id, run, ctx, enqueuer)
+
+
+def _process_run(delivery_row_id: int, run: store.DeliveryRun, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """:func:`process_delivery` once its run is counted (and, past the bound, the row set aside)."""
     if run.tries > ctx.settings.delivery_max_tries:
         log.warning("webhook delivery %s set aside after %d tries (last error: %s)", delivery_row_id, run.tries - 1,
                     run.last_error or "unknown")
@@ -155,3 +161,115 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
         with ctx.sessions.begin() as session:
             store.mark_delivery_processed(session, delivery_row_id, outcome=outcome, now=ctx.clock())
     return outcome
+
+
+@dataclass
+class BatchResult:
+    """What one consumer task of several deliveries did: each delivery's outcome word, and the
+    deliveries it is to run again after ``wait_s`` (events without a status, waiting a moment so
+    that one read answers them together; or the workspace's limiter)."""
+
+    ended: dict[int, str] = field(default_factory=dict)  # by delivery row ID
+    waiting: list[int] = field(default_factory=list)
+    wait_s: float = 0.0
+
+    @property
+    def words(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for word in self.ended.values():
+            counts[word] = counts.get(word, 0) + 1
+        return counts
+
+
+def process_deliveries(delivery_row_ids: Sequence[int], ctx: SendContext, enqueuer: Enqueuer) -> BatchResult:
+    """The outcome consumer's work for several recorded deliveries (one task for a group commit of
+    the receiver's): each delivery as :func:`process_delivery` treats it, with what that allows.
+
+    One statement counts a run on each. The deliveries that carry a status (the contract's shape;
+    nothing to read first) are applied together, in ONE transaction that also marks them processed;
+    a failure among them gets its decision after it, in transactions of its own, as alone. The
+    others (no status, incoming messages, rows past their tries or unreadable) go the single path
+    one after the other. If applying them together fails, each is applied alone, so that one bad
+    delivery costs the others nothing but the time. A database that does not answer raises (the
+    task runs them all again: a processed delivery is skipped)."""
+    result = BatchResult()
+    with ctx.sessions.begin() as session:
+        runs = store.start_delivery_runs(session, list(delivery_row_ids))
+        for row_id, run in runs.items():
+            if run.tries > ctx.settings.delivery_max_tries:
+                store.mark_delivery_processed(session, row_id, outcome=store.SET_ASIDE, now=ctx.clock())
+    for row_id in delivery_row_ids:
+        if row_id not in runs:
+            result.ended[row_id] = "already_processed"
+    together = {row_id: outcome for row_id, run in runs.items() if (outcome := _applies_at_once(run, ctx)) is not None}
+    alone = [row_id for row_id in runs if row_id not in together]
+    if together and not _apply_together(together, ctx, enqueuer, result):
+        alone = list(runs)
+    for row_id in alone:
+        try:
+            result.ended[row_id] = _process_run(row_id, runs[row_id], ctx, enqueuer)
+        except Wait as wait:
+            result.waiting.append(row_id)
+            result.wait_s = max(result.wait_s, wait.delay_s)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as error:  # kept on the row by _process_run; the tracking sweep publishes it again
+            log.warning("webhook delivery %s: %s; left for the tracking sweep", row_id, type(error).__name__)
+    return result
+
+
+def _applies_at_once(run: store.DeliveryRun, ctx: SendContext) -> tracking.Outcome | None:
+    """The outcome a delivery announces, when it can be applied with others: it carries a status
+    about a message (no read needed first), is not a customer's message, and has tries left."""
+    if run.tries > ctx.settings.delivery_max_tries:
+        return None
+    try:
+        summary = EventSummary.model_validate(run.summary)
+    except ValidationError:
+        return None
+    if summary.status is None or summary.message_id is None or summary.event not in ("message_created", "message_updated"):
+        return None
+    if summary.event == "message_created" and summary.message_type == "incoming":
+        return None
+    return tracking.Outcome(summary.message_id, summary.status, summary.external_error)
+
+
+def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enqueuer: Enqueuer,
+                    result: BatchResult) -> bool:
+    """Apply ``outcomes`` (by delivery row) in one transaction; then the decisions that follow
+    failures, each delivery marked processed once its decision is made. False: the transaction
+    failed and nothing of it was kept."""
+    following: dict[int, tracking.Applied] = {}
+    done: dict[int, str] = {}
+    try:
+        with ctx.sessions.begin() as session:
+            for row_id, outcome in outcomes.items():
+                applied = tracking.apply_in(session, outcome, ctx)
+                if applied.failed is not None or applied.word == "duplicate_status":
+                    following[row_id] = applied  # a decision may follow: marked once it is made
+                else:
+                    store.mark_delivery_processed(session, row_id, outcome=applied.word, now=ctx.clock())
+                    done[row_id] = applied.word
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception as error:
+        log.warning("applying %d webhook deliveries together failed (%s); each is applied alone", len(outcomes),
+                    type(error).__name__)
+        return False
+    for row_id, applied in following.items():
+        try:
+            word = tracking.follow_up(outcomes[row_id], applied, ctx, enqueuer)
+            with ctx.sessions.begin() as session:
+                store.mark_delivery_processed(session, row_id, outcome=word, now=ctx.clock())
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as error:
+            with contextlib.suppress(Exception), ctx.sessions.begin() as session:
+                store.note_delivery_error(session, row_id, error=type(error).__name__)
+            log.warning("webhook delivery %s: %s; left for the tracking sweep", row_id, type(error).__name__)
+            continue
+        done[row_id] = word
+    for row_id, word in done.items():
+        result.ended[row_id] = word
+        metrics.OUTCOMES.labels(result=word).inc()
+    return True

@@ -67,6 +67,13 @@ WORLDS: dict[str, WorldSpec] = {
     # Two patients, four reminders: a patient's reminders on one route share a conversation, so
     # one read of it answers for both (the stock workspace's events carry no status).
     "shared-patients": WorldSpec(notifications=4, faults=5, patients=2, kind_pool=(0, 1, 2), opt_outs=False),
+    # The receiver's group commit: deliveries that arrive together are recorded in one transaction
+    # and published as one consumer task, which applies those with a status in one transaction and
+    # the others one by one; on the contract's workspace (events with a status: most go together)
+    # and on the stock one (no status: they wait, and run again as one task).
+    "group-commit": WorldSpec(profile="contract", receiver_group=4, kind_count=6),
+    "group-commit-stock": WorldSpec(receiver_group=4, kind_count=6),
+    "group-commit-postgresql": WorldSpec(profile="contract", receiver_group=4, kind_count=6, store="postgresql"),
     "large": WorldSpec(notifications=100, faults=50, max_steps=400_000),
     # Two workers fighting over few notifications: twin deliveries, crashes of send workers, lost
     # answers and refusals, so claims, leases and releases meet each other often.

@@ -5,6 +5,7 @@ Each failure message carries the command that replays it step by step (docs/simu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
@@ -67,7 +68,8 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("publish-refusals", 6), ("contract", 8), ("front-desk-contacts", 8),
                                               ("removed-inbox", 8), ("traced", 8), ("batches", 8),
                                               ("withdrawn-template", 8), ("postgresql", 6),
-                                              ("shared-patients", 8)])
+                                              ("shared-patients", 8), ("group-commit", 8), ("group-commit-stock", 8),
+                                              ("group-commit-postgresql", 3)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
@@ -179,6 +181,10 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert "failed (invalid_for_channel" in trace("withdrawn-template", 4)  # the template withdrawn before its send
     assert "refused (template.name)" in trace("withdrawn-template", 128)  # handed over again after the withdrawal
     assert all(trace("shared-patients", seed).count("POST /conversations/1/messages") >= 2 for seed in (1, 4))
+    # a consumer task of several deliveries applies some together, and a failure among them gets its decision
+    together = re.compile(r"outcomes d\d+(\+d\d+)+: d\d+ (applied_\w+|fallback|no_fallback)")
+    assert {match.group(2).startswith("applied_") for match in together.finditer(trace("group-commit", 1))} == {True, False}
+    assert re.search(r"outcomes d\d+(\+d\d+)+: d\d+ ignored_no_status", trace("group-commit-stock", 1))
 
 
 def test_every_schedule_of_a_small_world() -> None:

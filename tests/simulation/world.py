@@ -53,7 +53,7 @@ from dispatcher.sending.send import Outcome as SendOutcome
 from dispatcher.sending.send import send_notification
 from dispatcher.settings import Settings
 from dispatcher.store.db import session_factory
-from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
+from dispatcher.tracking.reconcile import process_deliveries, process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import record_deliveries
 from dispatcher.tracking.webhooks.receiver import delivery_reader
 from tests.simulation.clock import SimClock, simulated_time
@@ -61,6 +61,7 @@ from tests.simulation.stores import Reads
 from tests.simulation.workspace import CALL_FAULTS, REFUSAL_FAULTS, UNREACHABLE_PREFIX, SimWorkspace
 
 SEND, OUTCOME = "send", "outcome"
+OUTCOMES = "outcomes"  # several deliveries, the receiver's group commit (arg: a tuple of row IDs)
 STOP_CHANNELS = {2: "sms", 1: "messaging_platform"}  # the inboxes a recipient may reply STOP in, and their channels
 STOP_REPLY_WAITS = 6  # a STOP reply waits up to this many times 10 s for the recipient's SMS conversation
 OPERATOR_DELAY_S = 60.0  # how long a notification stays set aside before the operator retries it
@@ -130,10 +131,12 @@ class Task:
     due: float
     seq: int
     kind: str = field(compare=False)
-    arg: int = field(compare=False)
+    arg: Any = field(compare=False)  # a notification or delivery row ID; a tuple of delivery row IDs for OUTCOMES
     holder: str | None = field(default=None, compare=False)  # a worker keeping its own countdown (ETA) task
 
     def __str__(self) -> str:
+        if self.kind == OUTCOMES:
+            return f"{self.kind} {'+'.join(f'd{row_id}' for row_id in self.arg)}"
         return f"{self.kind} {'n' if self.kind == SEND else 'd'}{self.arg}"
 
 
@@ -148,17 +151,17 @@ class Broker:
         self.tasks: list[Task] = []
         self._seq = 0
 
-    def publish(self, kind: str, arg: int, due: float, *, holder: str | None = None) -> Task:
+    def publish(self, kind: str, arg: Any, due: float, *, holder: str | None = None) -> Task:
         self._seq += 1
         task = Task(due, self._seq, kind, arg, holder)
         heapq.heappush(self.tasks, task)
         return task
 
-    def ready(self, kind: str, node: str, now: float) -> Task | None:
+    def ready(self, kinds: tuple[str, ...], node: str, now: float) -> Task | None:
         for task in sorted(self.tasks):
             if task.due > now:
                 return None
-            if task.kind == kind and task.holder in (None, node):
+            if task.kind in kinds and task.holder in (None, node):
                 return task
         return None
 
@@ -179,6 +182,8 @@ class Broker:
         return min((task.due for task in self.tasks), default=None)
 
 
+# In a group-commit world, how long a lone delivery waits at the receiver for others to join it
+RECEIVER_HOLD_S = 2.0
 PUBLISH_REFUSAL_RATE = 0.5  # the chance a publish is refused, while the world's publish_refusals last
 SENDABLE_STATES = frozenset(state.value for state in SENDABLE_NOTIFICATION_STATES)
 
@@ -308,6 +313,9 @@ class WorldSpec:
     # recipients are set up per notification).
     patients: int = 0
     batches: bool = False  # the host hands its notifications over in batches of one to three (notify_many)
+    # The receiver records up to this many deliveries that arrived together in one group commit and
+    # publishes them as one consumer task (dispatcher.outcomes), applied together (1: one at a time)
+    receiver_group: int = 1
     traced: bool = False  # tracing on, spans kept in memory: every outcome applied marks its notification's trace
     store: str = "sqlite"  # "postgresql": the production store (tests/simulation/stores.py), its own statements
     profile: str = "stock"  # the workspace's face (sandbox/profiles.py): "contract" sends the status in its events
@@ -412,6 +420,7 @@ class World:
         # a claim that run made and left is not the claim of a twin run that finishes after it
         self.in_flight_at_crash: dict[int, dict[int, int]] = {}
         self.publish_refusals_left = spec.publish_refusals
+        self.receiver_held_since: float | None = None  # a lone delivery waiting for others (receiver_group)
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.hand_over_at: dict[int, float] = {}  # when the host hands each notification over (alone or in its batch)
         self.batch_of: dict[int, list[int]] = {}  # a batch's first notification -> the batch (WorldSpec.batches)
@@ -746,12 +755,12 @@ class World:
                 actions.append((f"step {node.name}", lambda node=node: self._resume(node)))
                 continue
             if node.kind in ("worker", "consumer"):
-                task = self.broker.ready(SEND if node.kind == "worker" else OUTCOME, node.name, now)
+                task = self.broker.ready((SEND,) if node.kind == "worker" else (OUTCOME, OUTCOMES), node.name, now)
                 if task is not None:
                     actions.append((f"{node.name} takes {task}", lambda node=node, task=task: self._take(node, task)))
             elif node.kind == "beat" and self.next_sweep <= now:
                 actions.append(("beat sweeps", lambda node=node: self._start(node, "sweeps", self._sweeps)))
-            elif node.kind == "receiver" and self.workspace.pending_deliveries():
+            elif node.kind == "receiver" and self._receiver_takes(len(self.workspace.pending_deliveries()), now):
                 actions.append(("webhook", lambda node=node: self._deliver(node)))
             elif node.kind == "host" and self.host_events and self.host_events[0].at <= now:
                 actions.append(("host", lambda node=node: self._host(node)))
@@ -771,6 +780,8 @@ class World:
         candidates = [self.broker.next_due(), self.workspace.loop.next_due(),
                       self.host_events[0].at if self.host_events else None]
         candidates += [node.down_until for node in self.nodes if node.down_until is not None]
+        if self.receiver_held_since is not None:
+            candidates.append(self.receiver_held_since + RECEIVER_HOLD_S)
         if not idle_world:  # once every notification has ended, beat's idle ticks are skipped
             candidates.append(self.next_sweep)
         candidates += [seen + OPERATOR_DELAY_S for seen in self.set_aside_seen.values()]
@@ -883,6 +894,10 @@ class World:
         send of it), nor for a row a crash left without its task (``orphaned_by_crash``). A failed
         current attempt is judged too: the run that finds its decision owed (the run that recorded
         the failure died before it) makes it."""
+        if finished.kind == OUTCOMES:
+            for row_id in finished.arg:
+                self._left_to_the_sweep(node, Task(finished.due, finished.seq, OUTCOME, row_id))
+            return
         notification_id = finished.arg if finished.kind == SEND else self._notification_of_delivery(finished.arg)
         if notification_id is None:
             return
@@ -968,7 +983,7 @@ class World:
             self.broker.publish(task.kind, task.arg, self.clock.now)
             self.note(f"broker: {task} delivered twice")
         self.note(f"{node.name} runs {task}")
-        work = self._send if task.kind == SEND else self._outcome
+        work = self._send if task.kind == SEND else self._outcomes if task.kind == OUTCOMES else self._outcome
         if task.kind == SEND:
             self.claims_at_start[node.name] = self._claims_of(task.arg)
         self._start(node, str(task), lambda node: work(node, task), task)
@@ -1017,6 +1032,21 @@ class World:
         self.note(f"{node.name} {task}: {outcome}")
         self.said.append(Said("consumer", outcome, self._message_of_delivery(task.arg)))
 
+    def _outcomes(self, node: Node, task: Task) -> None:
+        """A consumer task of several deliveries (``dispatcher.outcomes``): as the worker's task, the
+        ones told to wait run again after the wait, as one task."""
+        ctx = self.context(node)
+        try:
+            result = process_deliveries(list(task.arg), ctx, self)
+        except Exception as error:  # each delivery's own errors are kept inside; anything else is a bug
+            self.violations.append(Violation("consumer_error", f"{task} raised {type(error).__name__}"))
+            return
+        if result.waiting:
+            self.broker.publish(OUTCOMES, tuple(result.waiting), self.clock.now + max(result.wait_s, 0.05), holder=node.name)
+        for row_id, word in result.ended.items():
+            self.note(f"{node.name} {task}: d{row_id} {word}")
+            self.said.append(Said("consumer", word, self._message_of_delivery(row_id)))
+
     def _sweeps(self, node: Node) -> None:
         self.next_sweep = self.clock.now + self.settings.sweep_interval_s
         self.sweeps_began = self.clock.utc()
@@ -1030,33 +1060,60 @@ class World:
         if not all(isinstance(count, int) and count >= 0 for count in counts) or 0 in report.reconciled.values():
             self.violations.append(Violation("outcome_word", f"the sweep's report counts {report}"))  # what beat returns
 
+    def _receiver_takes(self, pending: int, now: float) -> bool:
+        """Whether the receiver takes deliveries now. In a group-commit world a lone delivery waits
+        up to ``RECEIVER_HOLD_S`` for others (as requests queue behind a write under load), so that
+        groups form; otherwise every delivery is taken as soon as it is there."""
+        if not pending:
+            return False
+        if self.spec.receiver_group <= 1 or pending >= 2:
+            return True
+        if self.receiver_held_since is None:
+            self.receiver_held_since = now
+        return now >= self.receiver_held_since + RECEIVER_HOLD_S
+
     def _deliver(self, node: Node) -> None:
+        self.receiver_held_since = None
         pending = self.workspace.pending_deliveries()
         index = self.choices.pick(min(len(pending), 2))  # the next, or the one after it (reordered)
-        delivery = self.workspace.take_delivery(index)
+        group = [self.workspace.take_delivery(index)]
+        more = len(self.workspace.pending_deliveries())
+        if self.spec.receiver_group > 1 and more:  # the receiver's group commit: those that arrived meanwhile
+            group += [self.workspace.take_delivery(0) for _ in range(self.choices.pick(min(more, self.spec.receiver_group - 1) + 1))]
+        arriving = [arrived for delivery in group if (arrived := self._arriving(delivery)) is not None]
+        if not arriving:
+            return
+
+        def receive(node: Node) -> None:
+            row_ids = record_deliveries(self.sessions, [self.read_delivery(headers, body, self.clock.now)
+                                                        for headers, body, _ in arriving])
+            for _, _, stop_of in arriving:
+                if stop_of is not None:  # recorded (now, or by an earlier copy): the consumer must honour it
+                    self.stops_recorded.add(stop_of)
+            new = [row_id for row_id in row_ids if row_id is not None]
+            if len(new) == 1:
+                self.enqueue_outcome(new[0])
+            elif new:  # as CeleryOutcomePublisher.publish_many: one task applies them together
+                self.broker.publish(OUTCOMES, tuple(new), self.clock.now)
+
+        self._start(node, "webhook", receive)
+
+    def _arriving(self, delivery: Any) -> tuple[dict[str, str], bytes, Any] | None:
+        """A delivery as it reaches the receiver (its headers, its body and the STOP it carries),
+        or None when it is dropped on the way; a delivery may also come twice."""
         copy = delivery.delivery_id in self.webhook_copies
         may_fault = self.spec.webhook_faults and not copy  # a copy made by a fault gets no fault of its own
         fault = self._fault(3, free=self.spec.webhook_faults_free) if may_fault else 0  # 1: dropped, 2: twice
         if fault == 1:
             self.note(f"webhook dropped: {self.workspace.describe(delivery)}")
-            return
+            return None
         if fault == 2:
             self.webhook_copies.add(delivery.delivery_id)
             self.workspace.sandbox.webhooks._queue._queue.append(delivery)  # type: ignore[attr-defined]
         self.note(f"webhook {self.workspace.describe(delivery)}{' (twice)' if fault == 2 else ''}")
         headers = self.workspace.signed_headers(delivery)
-
         stop_of = self.stop_messages.get(json.loads(delivery.body).get("id")) if delivery.event == "message_created" else None
-
-        def receive(node: Node) -> None:
-            recorded = self.read_delivery(headers, delivery.body, self.clock.now)
-            (row_id,) = record_deliveries(self.sessions, [recorded])
-            if stop_of is not None:  # recorded (now, or by an earlier copy): the consumer must honour it
-                self.stops_recorded.add(stop_of)
-            if row_id is not None:
-                self.enqueue_outcome(row_id)
-
-        self._start(node, "webhook", receive)
+        return headers, delivery.body, stop_of
 
     def _host(self, node: Node) -> None:
         host_event = self.host_events.pop(0)

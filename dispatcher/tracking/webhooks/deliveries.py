@@ -24,7 +24,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.queues import OUTCOME_TASK, OUTCOMES_QUEUE, READ_BACK_TASK, broker_transport, broker_transport_options
+from dispatcher.queues import (
+    OUTCOME_TASK,
+    OUTCOMES_PER_TASK,
+    OUTCOMES_QUEUE,
+    OUTCOMES_TASK,
+    READ_BACK_TASK,
+    broker_transport,
+    broker_transport_options,
+)
 from dispatcher.store.models import WebhookDelivery, table_of
 
 Publish = Callable[[int], None]
@@ -105,14 +113,21 @@ class CeleryOutcomePublisher:
         return True
 
     def publish_many(self, row_ids: Sequence[int]) -> None:
-        """Publish one task per row ID; raises if the broker refuses (none may have been sent)."""
-        self._publish_tasks(OUTCOME_TASK, [(row_id, f"(delivery={row_id})") for row_id in row_ids])
+        """Publish the consumer's tasks for these rows: one ``dispatcher.outcome`` for a single row,
+        else one ``dispatcher.outcomes`` per ``OUTCOMES_PER_TASK`` rows, which applies them together
+        (one transaction for those that carry a status). Raises if the broker refuses (none may
+        have been sent)."""
+        if len(row_ids) == 1:
+            self._publish_tasks(OUTCOME_TASK, [(row_ids[0], f"(delivery={row_ids[0]})")])
+            return
+        chunks = [list(row_ids[start:start + OUTCOMES_PER_TASK]) for start in range(0, len(row_ids), OUTCOMES_PER_TASK)]
+        self._publish_tasks(OUTCOMES_TASK, [(chunk, f"(deliveries={len(chunk)})") for chunk in chunks])
 
     def publish_read_backs(self, message_ids: Sequence[int]) -> None:
         """Ask for these messages to be read back (their reports could not be recorded)."""
         self._publish_tasks(READ_BACK_TASK, [(message_id, f"(message={message_id})") for message_id in message_ids])
 
-    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int, str]]) -> None:
+    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int | list[int], str]]) -> None:
         if not calls:
             return
         with self._app.producer_or_acquire() as producer:

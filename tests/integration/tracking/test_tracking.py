@@ -34,7 +34,7 @@ from dispatcher.store.account import Account
 from dispatcher.store.models import Attempt, Suppression, WebhookDelivery
 from dispatcher.tracking import outcomes
 from dispatcher.tracking.outcomes import apply_event
-from dispatcher.tracking.reconcile import process_delivery, tracking_sweep
+from dispatcher.tracking.reconcile import process_deliveries, process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import EXAMPLE as EXAMPLE_CONFIG
@@ -677,3 +677,108 @@ def test_a_provider_s_error_is_kept_without_the_number_it_quotes(context: SendCo
     kept = " ".join(filter(None, [record.error_detail, record.fallback_reason,
                                   *(attempt.error_detail for attempt in record.attempts)]))
     assert "21211" in kept and "[number]" in kept and "555 040 0002" not in kept and "0400002" not in kept
+
+
+# -- several deliveries in one consumer task (the receiver's group commit) ---------------------------
+
+
+def _recorded(ctx: SendContext, *summaries: tuple[str, dict[str, Any]]) -> list[int]:
+    row_ids = record_deliveries(ctx.sessions, [NewDelivery(delivery_id, str(summary["event"]), summary, ctx.clock())
+                                              for delivery_id, summary in summaries])
+    assert all(row_id is not None for row_id in row_ids)
+    return [row_id for row_id in row_ids if row_id is not None]
+
+
+def _commits_during(ctx: SendContext) -> tuple[list[int], Any]:
+    engine = ctx.sessions.kw["bind"]
+    commits: list[int] = []
+
+    def count(*_: object) -> None:
+        commits.append(1)
+
+    sa.event.listen(engine, "commit", count)
+    return commits, lambda: sa.event.remove(engine, "commit", count)
+
+
+def test_deliveries_with_a_status_are_applied_in_one_transaction(context: SendContext, enqueuer: ListEnqueuer) -> None:
+    ids = [_send(context, reminder(f"trk-b{n}", identifier=f"trk-b{n}", phone=f"+1555040090{n}")) for n in range(6)]
+    messages = [intake.status(context.sessions, f"trk-b{n}").message_id for n in range(6)]
+    rows = _recorded(context, *((f"b-{n}", {"event": "message_updated", "message_id": message, "status": "delivered"})
+                                for n, message in enumerate(messages)))
+    commits, stop = _commits_during(context)
+    try:
+        result = process_deliveries(rows, context, enqueuer)
+    finally:
+        stop()
+    assert result.words == {"applied_delivered": 6} and result.waiting == []
+    assert len(commits) == 2  # the runs counted, then every outcome with its delivery marked: not 2 per delivery
+    assert {intake.status(context.sessions, f"trk-b{n}").state for n in range(6)} == {"delivered"}
+    with context.sessions() as session:
+        marked = session.execute(sa.select(WebhookDelivery.outcome, WebhookDelivery.tries)
+                                 .where(WebhookDelivery.id.in_(rows))).all()
+        assert {tuple(row) for row in marked} == {("applied_delivered", 1)}
+        assert all(store.load_payload(session, notification_id) is None for notification_id in ids)
+    assert process_deliveries(rows, context, enqueuer).words == {"already_processed": 6}  # a redelivered task
+
+
+def test_a_mixed_group_of_deliveries_each_ends_as_it_would_alone(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    delivered_id = _send(context, reminder("trk-m1", identifier="trk-m1", phone="+15550400811"))
+    failing_id = _send(context, reminder("trk-m2", identifier="trk-m2", phone="+15550107812"))  # 131026 on WhatsApp
+    waiting_id = _send(context, reminder("trk-m3", identifier="trk-m3", phone="+15550400813"))
+    delivered, failing, waiting = (intake.status(context.sessions, f"trk-m{n}").message_id for n in (1, 2, 3))
+    error = _sandbox_status(sandbox, failing, {"failed"})["external_error"]  # type: ignore[arg-type]
+    rows = _recorded(
+        context,
+        ("m-1", {"event": "message_updated", "message_id": delivered, "status": "delivered"}),
+        ("m-2", {"event": "message_updated", "message_id": failing, "status": "failed", "external_error": error}),
+        ("m-1-copy", {"event": "message_updated", "message_id": delivered, "status": "delivered"}),  # the same news again
+        ("m-3", {"event": "message_updated", "message_id": waiting}),  # a stock event: no status, read after a wait
+        ("m-in", {"event": "message_created", "message_id": 777001, "message_type": "incoming", "contact_id": 5,
+                  "inbox_id": 1}),
+        ("m-bad", {"event": "message_updated", "message_id": "not a number"}),
+    )
+    with context.sessions.begin() as session:  # one the task finds processed already (its single task ran first)
+        store.mark_delivery_processed(session, rows[4], outcome="window_opened", now=context.clock())
+    result = process_deliveries(rows, context, enqueuer)
+    assert result.words == {"applied_delivered": 1, "fallback": 1, "duplicate_status": 1, "already_processed": 1,
+                            "ignored_unreadable": 1}
+    assert result.waiting == [rows[3]] and 0 < result.wait_s <= context.settings.status_read_wait_s
+    assert intake.status(context.sessions, "trk-m1").state == "delivered"
+    failed = intake.status(context.sessions, "trk-m2")
+    assert (failed.fallback_decision, failed.fallback_reason) == ("fallback", "undeliverable (131026)")
+    assert enqueuer.sent == [failing_id]  # the decision's one fallback, published
+    assert intake.status(context.sessions, "trk-m3").state == "sent"
+    with context.sessions() as session:
+        outcomes_by_row = dict(session.execute(sa.select(WebhookDelivery.id, WebhookDelivery.outcome)
+                                               .where(WebhookDelivery.id.in_(rows))).all())
+    assert [outcomes_by_row[row] for row in rows] == ["applied_delivered", "fallback", "duplicate_status", None,
+                                                      "window_opened", "ignored_unreadable"]
+    assert delivered_id != waiting_id
+
+
+def test_a_delivery_that_breaks_the_shared_transaction_costs_the_others_nothing(
+    context: SendContext, enqueuer: ListEnqueuer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(3):
+        _send(context, reminder(f"trk-p{n}", identifier=f"trk-pb{n}", phone=f"+1555040070{n}"))
+    messages = [intake.status(context.sessions, f"trk-p{n}").message_id for n in range(3)]
+    rows = _recorded(context, *((f"p-{n}", {"event": "message_updated", "message_id": message, "status": "delivered"})
+                                for n, message in enumerate(messages)))
+    real_apply_in = outcomes.apply_in
+
+    def apply_in(session: Any, outcome: outcomes.Outcome, ctx: SendContext, **kwargs: Any) -> outcomes.Applied:
+        if outcome.message_id == messages[1]:
+            raise RuntimeError("a delivery this version cannot apply")
+        return real_apply_in(session, outcome, ctx, **kwargs)
+
+    monkeypatch.setattr(outcomes, "apply_in", apply_in)
+    result = process_deliveries(rows, context, enqueuer)
+    assert result.words == {"applied_delivered": 2}  # each applied alone once the shared transaction failed
+    assert [intake.status(context.sessions, f"trk-p{n}").state for n in range(3)] == ["delivered", "sent", "delivered"]
+    with context.sessions() as session:
+        broken = session.get(WebhookDelivery, rows[1])
+        assert broken is not None
+        # left for the tracking sweep, with why; one try spent, as a single task's run would
+        assert (broken.processed_at, broken.tries, broken.last_error) == (None, 1, "RuntimeError")

@@ -89,10 +89,15 @@ class Stack:
         ids = []
         for raw in self.broker.lrange("dispatcher.outcomes", 0, -1):
             message = json.loads(raw)
-            assert message["headers"]["task"] == "dispatcher.outcome"
             args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-            assert kwargs == {} and message["headers"]["argsrepr"] == f"(delivery={args[0]})"
-            ids.append(args[0])
+            assert kwargs == {}
+            if message["headers"]["task"] == "dispatcher.outcomes":  # a group commit's rows, applied together
+                assert message["headers"]["argsrepr"] == f"(deliveries={len(args[0])})" and len(args[0]) > 1
+                ids += args[0]
+            else:
+                assert message["headers"]["task"] == "dispatcher.outcome"
+                assert message["headers"]["argsrepr"] == f"(delivery={args[0]})"
+                ids.append(args[0])
         return sorted(ids)
 
     def post_signed(self, body: bytes, delivery_id: str, *, signed_body: bytes | None = None) -> httpx.Response:

@@ -8,6 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from kombu import Connection
 
+from dispatcher.queues import OUTCOMES_PER_TASK
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, record_deliveries
 
 from .conftest import migrated_store
@@ -37,16 +38,19 @@ def test_the_publisher_writes_celery_task_messages_with_ids_only() -> None:
     broker = "memory://receiver-unit"
     publisher = CeleryOutcomePublisher(broker)
     try:
-        publisher.publish_many([11, 12])
+        publisher.publish_many([11, 12])  # a group commit's rows: one task applies them together
         publisher(13)
+        publisher.publish_many([14])
+        publisher.publish_many(list(range(1000, 1000 + OUTCOMES_PER_TASK + 1)))  # one task per OUTCOMES_PER_TASK rows
     finally:
         publisher.close()
     with Connection(broker) as connection:
         queue = connection.SimpleQueue("dispatcher.outcomes")
-        messages = [queue.get(timeout=1) for _ in range(3)]
+        messages = [queue.get(timeout=1) for _ in range(5)]
         queue.close()
-    assert [m.headers["task"] for m in messages] == ["dispatcher.outcome"] * 3
-    assert [m.headers["argsrepr"] for m in messages] == ["(delivery=11)", "(delivery=12)", "(delivery=13)"]
-    assert [m.payload[0] for m in messages] == [[11], [12], [13]]
-    assert all(m.payload[1] == {} and m.headers["kwargsrepr"] == "{}" for m in messages)
-    assert len({m.headers["id"] for m in messages}) == 3
+    assert [m.headers["task"] for m in messages] == ["dispatcher.outcomes", "dispatcher.outcome", "dispatcher.outcome",
+                                                     "dispatcher.outcomes", "dispatcher.outcomes"]
+    assert [m.headers["argsrepr"] for m in messages] == ["(deliveries=2)", "(delivery=13)", "(delivery=14)",
+                                                         f"(deliveries={OUTCOMES_PER_TASK})", "(deliveries=1)"]
+    assert [m.payload[0] for m in messages] == [[[11, 12]], [13], [14], [list(range(1000, 1000 + OUTCOMES_PER_TASK))],
+                                                [[1000 + OUTCOMES_PER_TASK]]]
