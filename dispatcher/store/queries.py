@@ -787,6 +787,14 @@ def mark_delivery_processed(session: Session, delivery_row_id: int, *, outcome: 
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
+def mark_deliveries_processed(session: Session, outcomes: dict[int, str], *, now: datetime) -> None:
+    """:func:`mark_delivery_processed` for several deliveries (each with its word): one executemany,
+    which psycopg sends as one pipeline, not a round trip each."""
+    if outcomes:
+        session.execute(_MARK_DELIVERY_PROCESSED, [{"row_id": row_id, "processed": now, "word": word[:40]}
+                                                   for row_id, word in outcomes.items()])
+
+
 # --- deliveries set aside, for operators ----------------------------------------------------
 
 SET_ASIDE = "set_aside"

@@ -243,13 +243,15 @@ def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enq
     done: dict[int, str] = {}
     try:
         with ctx.sessions.begin() as session:
-            for row_id, outcome in outcomes.items():
+            # By message: each one's attempt is locked (PostgreSQL) in the same order by every task,
+            # so two tasks holding reports of the same messages wait for each other, never deadlock.
+            for row_id, outcome in sorted(outcomes.items(), key=lambda item: (item[1].message_id, item[0])):
                 applied = tracking.apply_in(session, outcome, ctx)
                 if applied.failed is not None or applied.word == "duplicate_status":
                     following[row_id] = applied  # a decision may follow: marked once it is made
                 else:
-                    store.mark_delivery_processed(session, row_id, outcome=applied.word, now=ctx.clock())
                     done[row_id] = applied.word
+            store.mark_deliveries_processed(session, done, now=ctx.clock())
     except (OperationalError, InterfaceError):
         raise
     except Exception as error:

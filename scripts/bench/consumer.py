@@ -4,7 +4,8 @@ Both runs use the same broker (a Redis server of the benchmark's own), the dispa
 and settings, and the same worker concurrency. The notifications are first sent for real (warm
 path, against the sandbox); then one verified ``message_updated`` ``delivered`` delivery per message
 is recorded as the receiver records it (``record_deliveries``) and published with the receiver's
-own publisher while no consumer runs; then one consumer starts. The rate is deliveries over the
+own publisher while no consumer runs, in groups of ``--group`` (the receiver publishes each group
+commit's rows as one task, applied together); then one consumer starts. The rate is deliveries over the
 time from the first one's processing to the last one's; the no-op's is measured the same way.
 Deliveries carry their status, as the contract's do (a stock workspace's carry none, and each
 then costs a read of the message list: that is the API's cost, not the consumer's).
@@ -50,6 +51,9 @@ def main() -> None:
     parser.add_argument("--outcomes", type=int, default=1000)
     parser.add_argument("--contacts", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--group", type=int, default=16,
+                        help="deliveries per consumer task, as the receiver's group commit publishes them (1: one task"
+                             " each, a receiver at low load; 16: the mean group of figure 4's 32 connections)")
     add_broker_argument(parser)
     parser.add_argument("--profile", action="store_true",
                         help="profile the in-process count (cProfile) and print where its time goes, by package")
@@ -63,6 +67,7 @@ def main() -> None:
         "benchmark": "outcome consumer (message_updated with a status)",
         "outcomes": args.outcomes,
         "worker_concurrency": args.concurrency,
+        "deliveries_per_task": args.group,
         "broker": args.broker,
         "noop_tasks_per_s": round(noop_rate, 1),
         "outcomes_per_s": round(outcome_rate, 1),
@@ -108,7 +113,8 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
     row_ids = [row_id for row_id in record_deliveries(session_factory(shared_engine(settings.database_url)), deliveries)
                if row_id is not None]
     publisher = CeleryOutcomePublisher(settings.broker_url)
-    publisher.publish_many(row_ids)
+    for start in range(0, len(row_ids), args.group):  # as the receiver publishes each group commit's rows
+        publisher.publish_many(row_ids[start:start + args.group])
     publisher.close()
     consumer = start_worker(env, workdir / "consume.log", concurrency=args.concurrency, queues=OUTCOMES_QUEUE)
     try:
@@ -116,7 +122,7 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
               >= len(row_ids), "the outcomes")
     finally:
         stop(consumer)
-    statements = _statements_in_process(rows[:50], settings)
+    statements = _statements_in_process(rows[:48], settings, group=args.group)
     with engine.connect() as connection:
         first, last, applied = connection.execute(sa.text(
             "SELECT min(processed_at), max(processed_at), count(*) FILTER (WHERE outcome = 'applied_delivered')"
@@ -127,12 +133,13 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
     return (len(row_ids) - 1) / (last - first).total_seconds(), statements
 
 
-def _statements_in_process(rows: list[tuple[int, int, int]], settings: object) -> tuple[float, float]:
+def _statements_in_process(rows: list[tuple[int, int, int]], settings: object, *, group: int) -> tuple[float, float]:
     """Statements and transactions per applied outcome, counted by SQLAlchemy's events while this
-    process applies ``read`` to each of ``rows`` as the consumer task does (same code, same store)."""
+    process applies ``read`` to each of ``rows`` as the consumer tasks do, ``group`` a task (same
+    code, same store)."""
     from sqlalchemy import event
 
-    from dispatcher.tracking.reconcile import process_delivery
+    from dispatcher.tracking.reconcile import process_deliveries, process_delivery
     from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
     from dispatcher.tracking.webhooks.events import EventSummary
     from workers import runtime
@@ -159,12 +166,18 @@ def _statements_in_process(rows: list[tuple[int, int, int]], settings: object) -
     try:
         if profiler is not None:
             profiler.enable()
-        for row_id in row_ids:
-            assert process_delivery(row_id, ctx, runtime.enqueuer()) == "applied_read"
+        for start in range(0, len(row_ids), group):
+            chunk = row_ids[start:start + group]
+            if len(chunk) == 1:  # the single task
+                assert process_delivery(chunk[0], ctx, runtime.enqueuer()) == "applied_read"
+            else:
+                assert process_deliveries(chunk, ctx, runtime.enqueuer()).words == {"applied_read": len(chunk)}
     finally:
         if profiler is not None:
             profiler.disable()
             _print_by_package(profiler)
+            if os.environ.get("BENCH_PROFILE_OUT"):  # the whole profile, for pstats
+                profiler.dump_stats(os.environ["BENCH_PROFILE_OUT"])
         event.remove(engine, "before_cursor_execute", statement)
         event.remove(engine, "commit", transaction)
     return counts["statements"] / len(row_ids), counts["transactions"] / len(row_ids)

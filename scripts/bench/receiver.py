@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -257,18 +258,31 @@ def _run_store(kind: str, args: argparse.Namespace, workdir: Path, broker_url: s
             with server("dispatcher.tracking.webhooks.receiver:app_from_environment", env, workdir / "receiver.log") as port:
                 ours = drive_load(port, signed_requests(args.requests, port), processes=args.processes,
                                   connections=args.connections, max_seconds=args.max_seconds)
-            rows, queued = count_rows(database_url) - rows_before, broker.llen("dispatcher.outcomes")
+            rows, (queued, in_tasks) = count_rows(database_url) - rows_before, _queued_deliveries(broker)
             broker.flushdb()
             bare_rates.append(bare["per_second"])
             receiver_rates.append(ours["per_second"])
             checks.append({"bare": bare, "receiver": ours, "ratio": round(ours["per_second"] / bare["per_second"], 3),
-                           "rows_recorded": rows, "tasks_in_broker": queued,
-                           "complete": bare["ok"] == ours["ok"] == rows == queued == args.requests})
+                           "rows_recorded": rows, "tasks_in_broker": queued, "deliveries_in_tasks": in_tasks,
+                           "deliveries_per_task": round(in_tasks / queued, 2) if queued else None,
+                           "complete": bare["ok"] == ours["ok"] == rows == in_tasks == args.requests})
     # The ratio is the median of per-round ratios: each pair runs back to back, so load from
     # other processes on the machine disturbs both sides of a pair alike.
     return {"store": kind, "bare_per_s": statistics.median(bare_rates),
             "receiver_per_s": statistics.median(receiver_rates),
             "ratio": statistics.median(check["ratio"] for check in checks), "rounds": checks}
+
+
+def _queued_deliveries(broker: Any) -> tuple[int, int]:
+    """The consumer's tasks in the broker's list and the deliveries they carry: a group commit's
+    rows go as one ``dispatcher.outcomes`` task (a list of row IDs), a lone row as one
+    ``dispatcher.outcome``."""
+    tasks = deliveries = 0
+    for raw in broker.lrange("dispatcher.outcomes", 0, -1):
+        args = json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
+        tasks += 1
+        deliveries += len(args[0]) if isinstance(args[0], list) else 1
+    return tasks, deliveries
 
 
 def main() -> int:

@@ -287,16 +287,18 @@ def _details(results: dict[str, Any]) -> list[str]:
             for store in r["results"]:
                 rounds = store["rounds"]
                 per_round = "; ".join(f"{x['bare']['per_second']:,.0f}, {x['receiver']['per_second']:,.0f}" for x in rounds)
-                recorded = ", ".join(f"{x['rows_recorded']}/{x['tasks_in_broker']}" for x in rounds)
+                recorded = ", ".join(f"{x['rows_recorded']}/{x.get('deliveries_in_tasks', x['tasks_in_broker'])}"
+                                     f"/{x['tasks_in_broker']}" for x in rounds)
                 out += [f"Store {store['store']}: receiver {_fmt(store['receiver_per_s'])}/s against bare"
                         f" {_fmt(store['bare_per_s'])}/s (medians of {len(rounds)} round(s) of {r['requests']:,} pre-signed"
                         f" deliveries, {r['connections_per_process']} keep-alive connections): ratio **{store['ratio']:.2f}**,"
                         f" target 0.5, {_verdict(store['ratio'] >= 0.5)}. Per round (bare, receiver):"
-                        f" {per_round}. Rows recorded / tasks in the broker list per round: {recorded}.",
+                        f" {per_round}. Rows recorded / deliveries in the consumer's tasks / tasks (one per group"
+                        f" commit) per round: {recorded}.",
                         ""]
                 if any(not x["complete"] for x in rounds):
-                    out += ["The script's completeness check failed: it compares the length of the `dispatcher.outcomes` list"
-                            " in Redis database 12 with the requests sent. More tasks than requests means something else"
+                    out += ["The script's completeness check failed: it compares the deliveries the `dispatcher.outcomes`"
+                            " list's tasks carry with the requests sent. More than requests means something else"
                             " published into that database during the run (other sessions' tests pick Redis databases"
                             " 8-15 at random), or the receiver publishes more than one task per delivery; rows recorded equal"
                             " to the requests sent show that every delivery was stored once.", ""]
