@@ -439,8 +439,11 @@ def _details(results: dict[str, Any]) -> list[str]:
         out += ["### 9. The outcome consumer", ""] + _run_line(run)
         r = _r(run)
         if r:
+            group = r.get("deliveries_per_task", 1)
+            grouped = (f" in groups of {group} (one `dispatcher.outcomes` task a group, as the receiver's group commit"
+                       " publishes them; figure 4's load formed groups of 16 on average)") if group > 1 else ", one task each"
             out += [f"{r['outcomes']:,} verified `message_updated` deliveries (with a status), recorded and published as the"
-                    f" receiver does, applied by one consumer (concurrency {r['worker_concurrency']}):"
+                    f" receiver does{grouped}, applied by one consumer (concurrency {r['worker_concurrency']}):"
                     f" {_fmt(r['outcomes_per_s'])} a second, against {_fmt(r['noop_tasks_per_s'])} no-op tasks a second on the"
                     f" same queue: {_fmt(r['ratio'], 3)}. {r['sql_statements_per_outcome']} SQL statements and"
                     f" {r['commits_per_outcome']} commits per applied outcome. Target: at least {r['target_ratio']}:"
