@@ -284,7 +284,9 @@ _NEVER_REFUSED = BoundCondition(false())
 @functools.cache
 def _claim_statements(fallback: bool, refused_when: Any) -> _MoveStatements:
     """``claim``'s statements for a first attempt or a fallback and a shape of refusal, built once
-    (as :func:`_outcome_statements`); the refusal's own parameters come with it."""
+    (as :func:`_outcome_statements`); the refusal's own parameters come with it. The cache tells
+    refusals apart by the clause's identity: pass clauses built once (as ``refusal_clause`` does),
+    never one built for the call, or the cache grows with every claim."""
     at: Any = bindparam("move_at")
     inbox_id: Any = bindparam("move_inbox_id")
     conversation_id: Any = bindparam("move_conversation_id")

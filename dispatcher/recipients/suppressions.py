@@ -149,10 +149,15 @@ def refusal_clause(*, account: Account, keys: Sequence[str], channel: str, categ
     and holds at the very statement that takes the attempt. Built once for each shape, with the
     account, keys, channel and category as bound parameters (``refuse_*``)."""
     if not keys:
-        return BoundCondition(true() if needs_consent else false())
+        return _ALWAYS_REFUSED if needs_consent else _NEVER_REFUSED
     return BoundCondition(_refusal_template(needs_consent), {
         "refuse_instance": account.instance, "refuse_account_id": account.id, "refuse_keys": list(keys),
         "refuse_channel": channel, "refuse_category": category})
+
+
+# Shared clauses: a claim's statements are built once per refusal clause, told apart by identity.
+_ALWAYS_REFUSED = BoundCondition(true())
+_NEVER_REFUSED = BoundCondition(false())
 
 
 @functools.cache
