@@ -500,14 +500,11 @@ def window_open(session: Session, *, account: Account, contact_id: int, inbox_id
 # --- delivery tracking ----------------------------------------------------------------------
 
 
-def attempt_by_message(session: Session, workspace: str, message_id: int, *, for_update: bool = False) -> Attempt | None:
+def attempt_by_message(session: Session, workspace: str, message_id: int) -> Attempt | None:
     """The attempt of ``workspace`` that sent this message (message IDs are one instance's: another
-    workspace's message may bear the same); locked for the transaction when ``for_update``
-    (PostgreSQL), so concurrent consumers of the same message take turns."""
+    workspace's message may bear the same). The consumer's locked read is :func:`attempt_for_outcome`."""
     query = (select(Attempt).where(Attempt.workspace == workspace, Attempt.message_id == message_id)
              .execution_options(populate_existing=True))
-    if for_update and session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()
     return session.scalars(query).one_or_none()
 
 
@@ -531,8 +528,9 @@ _ATTEMPT_OF_MESSAGE_LOCKED = _ATTEMPT_OF_MESSAGE.with_for_update()
 
 
 def attempt_for_outcome(session: Session, workspace: str, message_id: int) -> OutcomeAttempt | None:
-    """:func:`attempt_by_message` for the outcome consumer (``for_update``): the columns it reads,
-    by a statement built once, with no ORM object to load."""
+    """The attempt that sent the message, for the outcome consumer: the columns it reads, by a
+    statement built once, with no ORM object to load; locked for the transaction on PostgreSQL,
+    so concurrent consumers of the same message take turns."""
     locked = session.get_bind().dialect.name == "postgresql"
     row = session.execute(_ATTEMPT_OF_MESSAGE_LOCKED if locked else _ATTEMPT_OF_MESSAGE,
                           {"workspace": workspace, "message_id": message_id}).one_or_none()
@@ -733,12 +731,6 @@ class DeliveryRun:
 
 
 _DELIVERIES = table_of(WebhookDelivery)
-_START_DELIVERY_RUN = (
-    update(_DELIVERIES)
-    .where(_DELIVERIES.c.id == bindparam("row_id"), _DELIVERIES.c.processed_at.is_(None))
-    .values(tries=_DELIVERIES.c.tries + 1)
-    .returning(_DELIVERIES.c.tries, _DELIVERIES.c.summary, _DELIVERIES.c.received_at, _DELIVERIES.c.last_error)
-)
 # Parameters not named like a column: an UPDATE takes one that is as one more value to set.
 _MARK_DELIVERY_PROCESSED = (
     update(_DELIVERIES)
@@ -769,8 +761,7 @@ def start_delivery_runs(session: Session, delivery_row_ids: list[int]) -> dict[i
 def start_delivery_run(session: Session, delivery_row_id: int) -> DeliveryRun | None:
     """Count one more run of an unprocessed delivery and read it, in one statement; None when it
     is processed already (or gone)."""
-    row = session.execute(_START_DELIVERY_RUN, {"row_id": delivery_row_id}).one_or_none()
-    return None if row is None else DeliveryRun(row.tries, dict(row.summary), row.received_at, row.last_error)
+    return start_delivery_runs(session, [delivery_row_id]).get(delivery_row_id)
 
 
 def note_delivery_error(session: Session, delivery_row_id: int, *, error: str, spent_try: bool = True) -> None:
