@@ -133,7 +133,7 @@ def _process_run(delivery_row_id: int, run: store.DeliveryRun, ctx: SendContext,
     except ValidationError:
         summary = None  # not written by this version's receiver: retrying cannot make it readable
     wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - received_at).total_seconds()
-    if summary is not None and summary.event == "message_updated" and summary.status is None and wait_s > 0:
+    if summary is not None and summary.waits_for_read and wait_s > 0:
         raise Wait(wait_s, "a short wait lets one read of the conversation answer the events around this one")
     marked: list[str] = []
 

@@ -104,13 +104,14 @@ def test_a_seed_replays_step_for_step(world: str) -> None:
 def test_the_faults_happen() -> None:
     """The small world's seeds do crash processes, lose answers, and drop and repeat deliveries
     (a simulation that injected nothing would keep every promise trivially)."""
-    # The first 10 seeds hold every kind (seed 9 is the first to crash the receiver); 40 until
+    # The first 13 seeds hold every kind (seed 12 is the first with a 500, since status-less events
+    # are published to run when their read is due: fewer retries draw other choices); 40 until
     # 2026-11-27, when the suite's time was cut. The seeds' own promises are test_small_worlds'.
-    lines = [line for seed in range(12) for line in run(WORLDS["small"], seed=seed).trace]
+    lines = [line for seed in range(13) for line in run(WORLDS["small"], seed=seed).trace]
     for kind in ("crash worker", "crash consumer", "crash beat", "crash receiver", "fault answer lost",
                  "fault 429", "fault 500", "fault 401", "webhook dropped", "(twice)", "delivered twice",
                  "comes back after the visibility timeout", "requeued"):
-        assert any(kind in line for line in lines), f"no '{kind}' in 12 seeds"
+        assert any(kind in line for line in lines), f"no '{kind}' in 13 seeds"
 
 
 def test_the_postgresql_world_runs_on_postgresql() -> None:
@@ -157,7 +158,7 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     def trace(world: str, seed: int) -> str:
         return "\n".join(run(WORLDS[world], seed=seed).trace)
 
-    assert "fault 422" in trace("refusals", 2) and "failed (rejected" in trace("refusals", 2)
+    assert "fault 422" in trace("refusals", 4) and "failed (rejected" in trace("refusals", 4)
     assert "replies STOP" in trace("opt-outs", 0)
     assert "operator retries ev-0" in trace("crash-loop", 0)
     assert "resend_as_template" in trace("lost-answers", 7)

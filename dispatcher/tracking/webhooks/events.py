@@ -64,6 +64,12 @@ class EventSummary(BaseModel):
     reply_keyword: str | None = None  # an incoming message that is, whole, an opt-out or opt-in keyword
     sender_keys: tuple[str, ...] = ()  # that reply's sender, as keyed hashes (docs/opt-outs.md)
 
+    @property
+    def waits_for_read(self) -> bool:
+        """A stock workspace's ``message_updated``: it names no status, so the consumer reads it
+        from the conversation, after ``status_read_wait_s`` (one read answers the burst around it)."""
+        return self.event == "message_updated" and self.status is None
+
 
 def summarize(payload: Mapping[str, Any], *, reply_words: frozenset[str] = frozenset(),
               hashing_key: bytes | None = None) -> EventSummary | None:

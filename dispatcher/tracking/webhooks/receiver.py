@@ -88,13 +88,14 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
     def record_and_publish(batch: Sequence[NewDelivery]) -> list[bytes]:
         row_ids = record_deliveries(store, batch)
-        new: dict[str, int] = {}
+        new_by_wait: dict[float, dict[str, int]] = {}
         for delivery, row_id in zip(batch, row_ids, strict=True):
             if row_id is None:
                 log.info("duplicate webhook delivery %s acknowledged", delivery.delivery_id)
             else:
-                new[delivery.delivery_id] = row_id
-        _publish(send, new)
+                new_by_wait.setdefault(delivery.usable_after_s, {})[delivery.delivery_id] = row_id
+        for wait_s, new in sorted(new_by_wait.items()):
+            _publish(send, new, countdown_s=wait_s)
         return [DUPLICATE if row_id is None else ACCEPTED for row_id in row_ids]
 
     writer: GroupWriter[NewDelivery, bytes] = GroupWriter(record_and_publish)
@@ -230,7 +231,8 @@ def delivery_reader(settings: Settings) -> Callable[[Mapping[str, str], bytes, f
         verified = verify_delivery(headers, body, secrets=secrets, prefixes=prefixes, window_s=window_s, now=now)
         summary = _summary(body, reply_words, settings.hashing_key)
         return NewDelivery(verified.delivery_id, summary.event, summary.model_dump(mode="json"),
-                           datetime.fromtimestamp(now, UTC), workspace=settings.workspace_name)
+                           datetime.fromtimestamp(now, UTC), workspace=settings.workspace_name,
+                           usable_after_s=settings.status_read_wait_s if summary.waits_for_read else 0.0)
 
     return read
 
@@ -299,8 +301,9 @@ def _ask_read_back(publish: Publish, message_id: int | None) -> None:
         log.warning("could not ask for message %s to be read back: %s", message_id, type(error).__name__)
 
 
-def _publish(publish: Publish, rows: dict[str, int]) -> None:
-    """Publish new row IDs, in one batch when the publisher has ``publish_many``. A broker
+def _publish(publish: Publish, rows: dict[str, int], *, countdown_s: float = 0.0) -> None:
+    """Publish new row IDs, in one batch when the publisher has ``publish_many`` (to run
+    ``countdown_s`` later; a plain ``Publish`` runs them at once and the consumer waits). A broker
     failure never fails the answer: those rows stay unprocessed and the tracking sweep sends them."""
     publish_many = getattr(publish, "publish_many", None)
     groups = [list(rows.items())] if publish_many else [[item] for item in rows.items()]
@@ -309,7 +312,7 @@ def _publish(publish: Publish, rows: dict[str, int]) -> None:
             continue
         try:
             if publish_many:
-                publish_many([row_id for _, row_id in group])
+                publish_many([row_id for _, row_id in group], countdown_s=countdown_s)
             else:
                 publish(group[0][1])
         except Exception as error:

@@ -168,3 +168,30 @@ def test_logs_name_reason_and_delivery_id_never_body_signature_or_secret(
     assert "duplicate webhook delivery log-2" in text
     for private in (CONTENT, PHONE, SECRET, bad["X-Service-Signature"][7:], sign(SECRET, str(NOW), BODY)[7:], "evil"):
         assert private not in text
+
+
+class CountdownPublisher:
+    """A publisher with ``publish_many``, as the Celery one: records each batch and its countdown."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[int], float]] = []
+
+    def __call__(self, row_id: int) -> None:
+        self.publish_many([row_id])
+
+    def publish_many(self, row_ids: list[int], *, countdown_s: float = 0.0) -> None:
+        self.batches.append((list(row_ids), countdown_s))
+
+
+def test_a_status_less_update_is_published_to_run_when_its_read_is_due(tmp_path: Path) -> None:
+    # given a stock workspace's message_updated (no status) and a contract one (with a status)
+    publisher = CountdownPublisher()
+    stock = encode({key: value for key, value in message_event().items() if key != "status"})
+    with running_receiver(tmp_path, publish=publisher, status_read_wait_s=2.0) as receiver:
+        # when both arrive
+        assert receiver.post(stock, signed_headers(stock, delivery_id="stock-1")).status_code == 200
+        assert receiver.post(BODY, signed_headers(BODY, delivery_id="contract-1")).status_code == 200
+        [stock_row], [contract_row] = receiver.rows("stock-1"), receiver.rows("contract-1")
+    # then the status-less one's task is published to run after the read wait (not at once, to
+    # be retried then), and the one with a status at once
+    assert publisher.batches == [([stock_row.id], 2.0), ([contract_row.id], 0.0)]
