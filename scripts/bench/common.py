@@ -205,11 +205,13 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str, in
 
 def start_worker(env: dict[str, str], log: Path, *, concurrency: int = 2, app: str = "workers.app",
                  queues: str = "dispatcher.send", name: str = "bench") -> subprocess.Popen[bytes]:
-    """One Celery worker (prefork), as scripts/bench/send_path.py starts it."""
+    """One Celery worker (prefork), as scripts/bench/send_path.py starts it (``BENCH_WORKER_LOGLEVEL=INFO``
+    logs every task, to count runs and retries)."""
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues, "--hostname", f"{name}@%h",
-             "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
+             "--concurrency", str(concurrency), "--loglevel", os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING"),
+             "--without-gossip", "--without-mingle"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
 

@@ -84,6 +84,24 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "baseline": f"{_fmt(base['p50_ms'])} / {_fmt(base['p99_ms'])} ms (no-op task)",
                     "ratio": f"{_fmt(latency['ratio_p50'], 0)} / {_fmt(latency['ratio_p99'], 0)}", "target": "none set",
                     "met": None})
+    overload = _r(b.get("overload"))
+    if overload:
+        o, base = overload["ours"], overload["baseline"]
+        sustained = o.get("sustained_per_s") or float("nan")
+        out.append({"n": "5b", "figure": f"Past capacity: {_fmt(o['achieved_rate'])}/s handed over, {_fmt(o['achieved_rate'] / sustained, 1)}×"
+                    f" the {_fmt(sustained)}/s the worker sustained beside intake: lost / refused / sent twice, and p99",
+                    "ours": f"{o['events_without_message']} / {o['refused']} / {o['events_with_two_messages']}, p99 {_fmt(o['p99_ms'] / 1000)} s",
+                    "baseline": f"p99 {_fmt(base['p99_ms'])} ms (no-op task)", "ratio": "—",
+                    "target": "at 2×: 0 / 0 / 0, latency growing with the backlog", "met": _overload_met(o)})
+    latency_80 = _r(b.get("latency_80"))
+    if latency_80:
+        o, base = latency_80["ours"], latency_80["baseline"]
+        out.append({"n": "5c", "figure": f"Intake-to-accepted latency at {_fmt(o['achieved_rate'])}/s (80 % of the"
+                    f" {_fmt(latency_80['capacity_per_s'])}/s sustained in 5b): p50 / p99",
+                    "ours": f"{_fmt(o['p50_ms'])} / {_fmt(o['p99_ms'])} ms",
+                    "baseline": f"{_fmt(base['p50_ms'])} / {_fmt(base['p99_ms'])} ms (no-op task)",
+                    "ratio": f"{_fmt(latency_80['ratio_p50'], 0)} / {_fmt(latency_80['ratio_p99'], 0)}", "target": "p99 ≤ 50 ms",
+                    "met": o["p99_ms"] <= 50 and o["all_accepted"]})
     db = _r(b.get("db_cost"))
     if db:
         first, last = db["sizes"][0], db["sizes"][-1]
@@ -117,7 +135,37 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "ours": f"{_fmt(batch['batch_per_s'])}/s", "baseline": f"{_fmt(batch['single_per_s'])}/s",
                     "ratio": _fmt(batch["ratio"], 2), "target": f"≥ {batch['target_per_s']:,}/s",
                     "met": batch["batch_per_s"] >= batch["target_per_s"]})
+    whole = _r(b.get("end_to_end"))
+    if whole:
+        o = whole["ours"]
+        out.append({"n": 11, "figure": "CPU per notification end to end, stock workspace: intake, send worker, receiver,"
+                    " consumer, PostgreSQL, broker", "ours": f"{_fmt(o['dispatcher_ms_per_notification'])} ms",
+                    "baseline": f"{_fmt(whole['baseline']['total_ms'], 2)} ms (a no-op task)",
+                    "ratio": _fmt(whole["ratio_to_noop_task"], 1), "target": f"≤ {_fmt(whole['target_ms'], 0)} ms",
+                    "met": whole["met"]})
+    for name, of in OTHER_BROKER.items():
+        other, first = _r(b.get(name)), _r(b.get(of))
+        if not other or not first:
+            continue
+        rate = "sends_per_s" if of == "send_path" else "outcomes_per_s"
+        what = "Warm sends" if of == "send_path" else "Applied outcomes"
+        ratio = other[rate] / first[rate]
+        out.append({"n": 12, "figure": f"{what} a second on {other['broker']} vs on {first['broker']}",
+                    "ours": f"{_fmt(other[rate])}/s", "baseline": f"{_fmt(first[rate])}/s", "ratio": _fmt(ratio, 2),
+                    "target": "within 20 % (≥ 0.8)", "met": ratio >= 0.8})
     return out
+
+
+# The same figure again on the other broker: which run it is compared with.
+OTHER_BROKER = {"send_path_other_broker": "send_path", "consumer_other_broker": "consumer"}
+
+
+def _overload_met(o: dict[str, Any]) -> bool:
+    """Twice the sustained rate (5 % of pacing slack) handed over, every notification accepted
+    once, none refused."""
+    sustained = o.get("sustained_per_s") or 0
+    return bool(sustained) and o["achieved_rate"] >= 1.95 * sustained and o["all_accepted"] and not o["refused"] \
+        and not o["events_with_two_messages"] and not o["events_without_message"]
 
 
 # -- Markdown -------------------------------------------------------------------------------
@@ -155,8 +203,9 @@ def render_markdown(results: dict[str, Any], plot_name: str) -> str:
     ]
     for row in rows(results):
         lines.append(f"| {row['n']} | {row['figure']} | {row['ours']} | {row['baseline']} | {row['ratio']} | {row['target']} | {_verdict(row['met'])} |")
-    missing = [name for name in ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay",
-                                 "consumer", "intake_batch")
+    missing = [name for name in ("send_path", "api_calls", "faults", "receiver", "latency", "overload", "latency_80",
+                                 "end_to_end", "db_cost", "memory", "relay", "consumer", "intake_batch",
+                                 *OTHER_BROKER)
                if not _r(b.get(name))]
     if missing:
         lines += ["", f"Not in this run (not asked for, or failed; see below): {', '.join(missing)}."]
@@ -366,6 +415,8 @@ def _details(results: dict[str, Any]) -> list[str]:
                         " rate offered, so the figure is latency with headroom, not a growing queue.")
             out.append("")
 
+    out += _capacity_details(b)
+
     if db:
         out += ["### 6. Per-send database cost with 10,000 and with 1,000,000 notification rows", ""] + _run_line(b["db_cost"])
         out += ["In one process: the warm path (`dispatcher.sending.send.send_notification`) called in a loop against the sandbox;"
@@ -448,6 +499,102 @@ def _details(results: dict[str, Any]) -> list[str]:
                     f" same queue: {_fmt(r['ratio'], 3)}. {r['sql_statements_per_outcome']} SQL statements and"
                     f" {r['commits_per_outcome']} commits per applied outcome. Target: at least {r['target_ratio']}:"
                     f" {_verdict(r['ratio'] >= r['target_ratio'])}.", ""]
+    out += _end_to_end_details(b)
+    out += _other_broker_details(b)
+    return out
+
+
+def _capacity_details(b: dict[str, Any]) -> list[str]:
+    """5b and 5c: past capacity, and 80 % of the capacity measured there."""
+    out: list[str] = []
+    run = b.get("overload")
+    if run:
+        out += ["### 5b. Past capacity: twice the rate, no loss, latency growing with the backlog", ""] + _run_line(run)
+        r = _r(run)
+        if r:
+            o = r["ours"]
+            out += [f"Offered {_fmt(r['rate_per_s'])} a second (twice figure 1's {_fmt(r['capacity_per_s'])}) for"
+                    f" {_fmt(r['seconds'], 0)} s from {o['intake_threads']} host threads calling `notify()`; the host managed"
+                    f" {_fmt(o['achieved_rate'])} a second ({o['handed_over']:,} notifications). The worker sustained"
+                    f" {_fmt(o.get('sustained_per_s'))} acceptances a second from the first to the last: that is the capacity"
+                    " with intake on the same cores, which 5c offers 80 % of. Afterwards: "
+                    f"{o['accepted']:,} accepted, {o['events_without_message']} without a message,"
+                    f" {o['events_with_two_messages']} with two, {o['refused']} refused by `notify()`. Latency p50"
+                    f" {_fmt(o['p50_ms'] / 1000)} s, p99 {_fmt(o['p99_ms'] / 1000)} s, max {_fmt(o['max_ms'] / 1000)} s: the"
+                    " backlog, drained at the sustained rate (latency grows with it; nothing is refused or lost). The"
+                    " no-op task at the same rate: p99"
+                    f" {_fmt(r['baseline']['p99_ms'])} ms. Target at twice the capacity: {_verdict(_overload_met(o))}."
+                    " Python intake does not push back; HTTP intake answers 429 with `Retry-After` past"
+                    " `intake_max_backlog` waiting notifications (docs/http-intake.md, tested in"
+                    " tests/integration/http_intake).", ""]
+    run = b.get("latency_80")
+    if run:
+        out += ["### 5c. Intake-to-accepted latency at 80 % of the capacity measured with intake", ""] + _run_line(run)
+        r = _r(run)
+        if r:
+            o, base = r["ours"], r["baseline"]
+            out += [f"{_fmt(o['achieved_rate'])} a second for {_fmt(r['seconds'], 0)} s, 80 % of the"
+                    f" {_fmt(r['capacity_per_s'])} a second sustained in 5b; otherwise as figure 5.", "",
+                    "| side | handed over | achieved rate | p50 | p90 | p99 | max |", "| --- | --- | --- | --- | --- | --- | --- |",
+                    f"| no-op task | {base['handed_over']:,} | {_fmt(base['achieved_rate'])}/s | {_fmt(base['p50_ms'])} ms |"
+                    f" {_fmt(base['p90_ms'])} ms | {_fmt(base['p99_ms'])} ms | {_fmt(base['max_ms'])} ms |",
+                    f"| dispatcher | {o['handed_over']:,} | {_fmt(o['achieved_rate'])}/s | {_fmt(o['p50_ms'])} ms |"
+                    f" {_fmt(o['p90_ms'])} ms | {_fmt(o['p99_ms'])} ms | {_fmt(o['max_ms'])} ms |", "",
+                    f"Target: p99 at most 50 ms: {_verdict(o['p99_ms'] <= 50 and o['all_accepted'])}. CPU per notification:", ""]
+            out += _cpu_table(o["cpu_ms_per_notification"], "notification")
+    return out
+
+
+def _end_to_end_details(b: dict[str, Any]) -> list[str]:
+    run = b.get("end_to_end")
+    if not run:
+        return []
+    out = ["### 11. CPU per notification, end to end", ""] + _run_line(run)
+    r = _r(run)
+    if not r:
+        return out
+    o, base = r["ours"], r["baseline"]
+    cpu = o["cpu_ms_per_notification"]
+    parts = ("intake", "send_worker", "receiver", "consumer", "postgresql", "broker", "sandbox", "other")
+    out += [f"{o['handed_over']:,} reminders handed over at {_fmt(o['achieved_rate'])} a second (below capacity) to"
+            f" {r['contacts']} known contacts, each followed to `read` through the stock sandbox's webhooks: the send"
+            f" worker (concurrency {r['concurrency']}), the receiver (`dispatcher receiver`, one process), the consumer"
+            f" (concurrency {r['concurrency']}), PostgreSQL and the run's own Redis. Final states: {_states(o['states'])};"
+            f" {o['events_with_two_messages']} events with two messages, {o['events_without_message']} without one."
+            " CPU time of each process (psutil) from the first hand-over until every notification was read and every"
+            " delivery processed, per notification; PostgreSQL counts its own processes and this database's backends"
+            " only. The sandbox is the workspace's side, `other` the rest of the shared machine.", "",
+            "| CPU ms per notification | " + " | ".join(parts) + " | dispatcher (first six) |",
+            "| --- |" + " --- |" * (len(parts) + 1),
+            "| | " + " | ".join(_fmt(cpu.get(name), 2) for name in parts) + f" | **{_fmt(o['dispatcher_ms_per_notification'], 1)}** |",
+            "", f"Baseline in the same run: a no-op Celery task costs {_fmt(base['total_ms'], 2)} ms (publisher"
+            f" {_fmt(base['cpu_ms_per_task']['publisher'], 2)}, worker {_fmt(base['cpu_ms_per_task']['worker'], 2)}, broker"
+            f" {_fmt(base['cpu_ms_per_task']['broker'], 2)}), so a notification costs as much as"
+            f" {_fmt(r['ratio_to_noop_task'], 0)} of them. Target: at most {_fmt(r['target_ms'], 0)} ms:"
+            f" {_verdict(r['met'])}. What holds it back is in the section \"End to end, by component\" below.", ""]
+    return out
+
+
+def _states(states: dict[str, int]) -> str:
+    shown = ", ".join(f"{count:,} {state}" for state, count in states.items() if state != "unprocessed_deliveries")
+    return f"{shown}, {states.get('unprocessed_deliveries', 0)} webhook deliveries unprocessed"
+
+
+def _other_broker_details(b: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for name, of in OTHER_BROKER.items():
+        run, first = b.get(name), _r(b.get(of))
+        if not run:
+            continue
+        r = _r(run)
+        title = "warm sends" if of == "send_path" else "applied outcomes"
+        out += [f"### 12. The {title} on the other broker", ""] + _run_line(run)
+        if r and first:
+            rate, base = ("sends_per_s", "noop_tasks_per_s") if of == "send_path" else ("outcomes_per_s", "noop_tasks_per_s")
+            out += [f"On {r['broker']}: {_fmt(r[rate])} a second (no-op {_fmt(r[base])}, ratio {_fmt(r['ratio'], 3)}); on"
+                    f" {first['broker']} in this run: {_fmt(first[rate])} a second (no-op {_fmt(first[base])}, ratio"
+                    f" {_fmt(first['ratio'], 3)}). {r['broker']} / {first['broker']}: **{_fmt(r[rate] / first[rate], 2)}**;"
+                    f" target within 20 %: {_verdict(r[rate] / first[rate] >= 0.8)}.", ""]
     return out
 
 

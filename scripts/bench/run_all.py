@@ -23,14 +23,19 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "db_cost", "memory", "relay", "consumer",
-         "intake_batch")
+ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "overload", "latency_80", "end_to_end", "db_cost",
+         "memory", "relay", "consumer", "intake_batch", "send_path_other_broker", "consumer_other_broker")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
-    """The command line of each benchmark; latency's rate comes from send_path's result."""
+    """The command line of each benchmark. Latency's rate comes from send_path's result; the
+    overload run offers twice that, and what the worker sustained there, with intake beside it,
+    is the capacity latency_80 offers 80 % of."""
     quick = args.quick
     send_rate = (results.get("send_path", {}).get("result") or {}).get("sends_per_s") or args.fallback_rate
+    sustained = ((results.get("overload", {}).get("result") or {}).get("ours") or {}).get("sustained_per_s") \
+        or send_rate * 0.6  # without the overload run: figure 1's rate less intake's share (about 0.6 here)
+    other_broker = "rabbitmq" if args.broker == "redis" else "redis"
     return {
         "send_path": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2",
                       "--broker", args.broker],
@@ -39,6 +44,11 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
         "receiver": ["receiver.py", "--requests", "3000" if quick else "10000", "--store", "postgres", "--rounds", "1" if quick else "3"],
         "latency": ["latency.py", "--rate", f"{send_rate / 2:.1f}", "--capacity", f"{send_rate:.1f}",
                     "--seconds", "20" if quick else "60"],
+        "overload": ["latency.py", "--rate", f"{send_rate * 2:.1f}", "--capacity", f"{send_rate:.1f}",
+                     "--seconds", "10" if quick else "20", "--wait", "600"],
+        "latency_80": ["latency.py", "--rate", f"{sustained * 0.8:.1f}", "--capacity", f"{sustained:.1f}",
+                       "--seconds", "20" if quick else "60"],
+        "end_to_end": ["end_to_end.py", "--notifications", "600" if quick else "1200", "--rate", "30"],
         "db_cost": ["db_cost.py", "--sizes", "10000", "1000000", "--sends", "300" if quick else "1000",
                     "--profile", "100" if quick else "300"],
         "memory": ["memory.py", "--sends", str(args.memory_sends or (10_000 if quick else 100_000))]
@@ -47,6 +57,10 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
         "consumer": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2",
                      "--broker", args.broker],
         "intake_batch": ["intake_batch.py", "--single", "300" if quick else "1000", "--events", "3000" if quick else "10000"],
+        "send_path_other_broker": ["send_path.py", "--notifications", "500" if quick else "1000", "--concurrency", "2",
+                               "--broker", other_broker],
+        "consumer_other_broker": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2",
+                              "--broker", other_broker],
     }
 
 
@@ -115,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-sends", type=int, help="sends for the memory figure (default 100000; 10000 with --quick)")
     parser.add_argument("--memory-in-process", action="store_true", help="measure memory around an in-process send loop")
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
-                        help="the broker of the send-path and consumer figures (rabbitmq: a vhost of the run's own)")
+                        help="the broker of the send-path and consumer figures (rabbitmq: a vhost of the run's own);"
+                             " send_path_other_broker and consumer_other_broker run them again on the other one")
     parser.add_argument("--fallback-rate", type=float, default=130.0, help="warm sends/s for latency when send_path is not run")
     parser.add_argument("--merge", type=Path, metavar="RESULTS_JSON",
                         help="start from an earlier results file: the benchmarks run now replace their figures in it"

@@ -1,0 +1,70 @@
+"""scripts/bench/report.py's verdicts for the capacity, end-to-end and other-broker figures: a
+figure is "met" only when every condition of its target holds (the report is how a missed target
+shows; a wrong verdict would hide one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+from tests.conftest import REPO_ROOT
+
+
+def load_report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_report", REPO_ROOT / "scripts" / "bench" / "report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_report", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load_report()
+
+
+def ran(result: dict[str, Any]) -> dict[str, Any]:
+    return {"command": "x", "status": "ok", "result": result}
+
+
+def latency_result(*, achieved: float, sustained: float, p99_ms: float, refused: int = 0, twice: int = 0,
+                   missing: int = 0) -> dict[str, Any]:
+    side = {"achieved_rate": achieved, "handed_over": 100, "p50_ms": p99_ms / 2, "p90_ms": p99_ms, "p99_ms": p99_ms,
+            "max_ms": p99_ms, "intake_threads": 4}
+    return {"rate_per_s": achieved, "capacity_per_s": sustained, "seconds": 20, "ratio_p50": 1.0, "ratio_p99": 1.0,
+            "baseline": dict(side),
+            "ours": {**side, "sustained_per_s": sustained, "all_accepted": missing == 0, "accepted": 100 - missing,
+                     "refused": refused, "events_with_two_messages": twice, "events_without_message": missing,
+                     "cpu_ms_per_notification": {}}}
+
+
+def verdicts(benchmarks: dict[str, Any]) -> dict[Any, list[bool | None]]:
+    found: dict[Any, list[bool | None]] = {}
+    for row in report.rows({"benchmarks": benchmarks}):
+        found.setdefault(row["n"], []).append(row["met"])
+    return found
+
+
+def test_past_capacity_is_met_only_at_twice_the_sustained_rate_with_nothing_lost_refused_or_doubled() -> None:
+    assert verdicts({"overload": ran(latency_result(achieved=200, sustained=100, p99_ms=9000))})["5b"] == [True]
+    for short in (latency_result(achieved=150, sustained=100, p99_ms=9000),  # not twice the capacity
+                  latency_result(achieved=200, sustained=100, p99_ms=9000, refused=1),
+                  latency_result(achieved=200, sustained=100, p99_ms=9000, twice=1),
+                  latency_result(achieved=200, sustained=100, p99_ms=9000, missing=1)):
+        assert verdicts({"overload": ran(short)})["5b"] == [False]
+
+
+def test_eighty_percent_latency_is_held_to_a_p99_of_50_ms() -> None:
+    assert verdicts({"latency_80": ran(latency_result(achieved=80, sustained=100, p99_ms=49.0))})["5c"] == [True]
+    assert verdicts({"latency_80": ran(latency_result(achieved=80, sustained=100, p99_ms=51.0))})["5c"] == [False]
+
+
+def test_the_other_broker_is_compared_with_the_same_figure_of_the_run() -> None:
+    redis = {"broker": "redis", "sends_per_s": 150.0, "noop_tasks_per_s": 600.0, "ratio": 0.25}
+    close = {**redis, "broker": "rabbitmq", "sends_per_s": 121.0}
+    far = {**redis, "broker": "rabbitmq", "sends_per_s": 119.0}
+    assert verdicts({"send_path": ran(redis), "send_path_other_broker": ran(close)})[12] == [True]
+    assert verdicts({"send_path": ran(redis), "send_path_other_broker": ran(far)})[12] == [False]
+    # without the run it is compared with, there is no verdict at all (not a "met")
+    assert 12 not in verdicts({"send_path_other_broker": ran(close)})
