@@ -7,6 +7,7 @@ own the transaction (``with sessions.begin()``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
@@ -273,7 +274,15 @@ _DROP_PAYLOAD_OF_CURRENT = delete(PAYLOADS).where(
 def drop_payload_of_current(session: Session, notification_id: int, *, attempt_number: int) -> None:
     """:func:`drop_payload`, when ``attempt_number`` is the notification's current attempt: one
     statement (built once), no read first."""
-    session.execute(_DROP_PAYLOAD_OF_CURRENT, {"notification_id": notification_id, "attempt_number": attempt_number})
+    drop_payloads_of_current(session, [(notification_id, attempt_number)])
+
+
+def drop_payloads_of_current(session: Session, attempts: Sequence[tuple[int, int]]) -> None:
+    """:func:`drop_payload_of_current` for several (notification ID, attempt number) pairs: one
+    executemany, which psycopg sends as one pipeline, not a round trip each."""
+    if attempts:
+        session.execute(_DROP_PAYLOAD_OF_CURRENT, [{"notification_id": notification_id, "attempt_number": number}
+                                                   for notification_id, number in attempts])
 
 
 @dataclass(frozen=True)
@@ -520,37 +529,72 @@ class OutcomeAttempt:
     accepted_at: datetime | None
 
 
-_ATTEMPT_OF_MESSAGE = select(
-    ATTEMPTS.c.id, ATTEMPTS.c.notification_id, ATTEMPTS.c.number, ATTEMPTS.c.state, ATTEMPTS.c.purpose,
-    ATTEMPTS.c.accepted_at,
-).where(ATTEMPTS.c.workspace == bindparam("workspace"), ATTEMPTS.c.message_id == bindparam("message_id"))
-_ATTEMPT_OF_MESSAGE_LOCKED = _ATTEMPT_OF_MESSAGE.with_for_update()
+# By message ID: a consumer locks the attempts of a group's messages in the same order as every
+# other (PostgreSQL locks the rows as the sorted rows come out), so two never wait on each other.
+_ATTEMPTS_OF_MESSAGES = select(
+    ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.notification_id, ATTEMPTS.c.number, ATTEMPTS.c.state,
+    ATTEMPTS.c.purpose, ATTEMPTS.c.accepted_at,
+).where(ATTEMPTS.c.workspace == bindparam("workspace"),
+        ATTEMPTS.c.message_id.in_(bindparam("message_ids", expanding=True))).order_by(ATTEMPTS.c.message_id)
+_ATTEMPTS_OF_MESSAGES_LOCKED = _ATTEMPTS_OF_MESSAGES.with_for_update()
 
 
 def attempt_for_outcome(session: Session, workspace: str, message_id: int) -> OutcomeAttempt | None:
     """The attempt that sent the message, for the outcome consumer: the columns it reads, by a
     statement built once, with no ORM object to load; locked for the transaction on PostgreSQL,
     so concurrent consumers of the same message take turns."""
+    return attempts_for_outcomes(session, workspace, [message_id]).get(message_id)
+
+
+def attempts_for_outcomes(session: Session, workspace: str, message_ids: Sequence[int]) -> dict[int, OutcomeAttempt]:
+    """:func:`attempt_for_outcome` for several messages, in one statement: the attempts of those
+    that are ``workspace``'s, by message ID (locked in message order on PostgreSQL)."""
+    if not message_ids:
+        return {}
     locked = session.get_bind().dialect.name == "postgresql"
-    row = session.execute(_ATTEMPT_OF_MESSAGE_LOCKED if locked else _ATTEMPT_OF_MESSAGE,
-                          {"workspace": workspace, "message_id": message_id}).one_or_none()
-    return None if row is None else OutcomeAttempt(*row)
+    rows = session.execute(_ATTEMPTS_OF_MESSAGES_LOCKED if locked else _ATTEMPTS_OF_MESSAGES,
+                           {"workspace": workspace, "message_ids": sorted(set(message_ids))})
+    return {row[0]: OutcomeAttempt(*row[1:]) for row in rows}
 
 
-# SQLAlchemy 2.0 caches no dialect's INSERT ... ON CONFLICT: built as Core, it is compiled anew on
-# every call, once per applied outcome. The same text suits SQLite and PostgreSQL; RETURNING, not
-# the row count: psycopg 3 reports -1 for an INSERT ... ON CONFLICT DO NOTHING.
-_RECORD_APPLIED_STATUS = text(
-    f"INSERT INTO {table_of(AppliedStatus).name} (workspace, message_id, status, applied_at)"
-    " VALUES (:workspace, :message_id, :status, :applied_at) ON CONFLICT DO NOTHING RETURNING message_id"
-).bindparams(bindparam("applied_at", type_=table_of(AppliedStatus).c.applied_at.type))
+APPLIED_STATUSES_AT_ONCE = 32  # rows of one INSERT: a group larger than this takes more than one
+
+
+@functools.cache
+def _record_applied_statuses_statement(rows: int) -> Any:
+    """The INSERT of ``rows`` applied statuses, built once per row count (at most
+    :data:`APPLIED_STATUSES_AT_ONCE` of them). SQLAlchemy 2.0 caches no dialect's INSERT ... ON
+    CONFLICT: built as Core, it is compiled anew on every call, once per group. The same text suits
+    SQLite and PostgreSQL; RETURNING, not the row count: psycopg 3 reports -1 for an INSERT ... ON
+    CONFLICT DO NOTHING, and it names which rows were new."""
+    values = ", ".join(f"(:workspace, :message_{row}, :status_{row}, :applied_at)" for row in range(rows))
+    return text(
+        f"INSERT INTO {table_of(AppliedStatus).name} (workspace, message_id, status, applied_at)"
+        f" VALUES {values} ON CONFLICT DO NOTHING RETURNING message_id, status"
+    ).bindparams(bindparam("applied_at", type_=table_of(AppliedStatus).c.applied_at.type))
 
 
 def record_applied_status(session: Session, workspace: str, message_id: int, status: str) -> bool:
     """Note that (workspace, message, status) is being applied; False when it was already."""
-    inserted = session.execute(_RECORD_APPLIED_STATUS, {"workspace": workspace, "message_id": message_id,
-                                                        "status": status, "applied_at": utcnow()}).first()
-    return inserted is not None
+    return (message_id, status) in record_applied_statuses(session, workspace, [(message_id, status)])
+
+
+def record_applied_statuses(session: Session, workspace: str,
+                            statuses: Sequence[tuple[int, str]]) -> set[tuple[int, str]]:
+    """:func:`record_applied_status` for several (message, status) pairs, in one statement (per
+    :data:`APPLIED_STATUSES_AT_ONCE`): the pairs that were not applied before. A pair given twice
+    is new at most once."""
+    pairs = list(dict.fromkeys(statuses))
+    new: set[tuple[int, str]] = set()
+    applied_at = utcnow()
+    for start in range(0, len(pairs), APPLIED_STATUSES_AT_ONCE):
+        chunk = pairs[start:start + APPLIED_STATUSES_AT_ONCE]
+        params: dict[str, Any] = {"workspace": workspace, "applied_at": applied_at}
+        for row, (message_id, status) in enumerate(chunk):
+            params[f"message_{row}"], params[f"status_{row}"] = message_id, status
+        new.update((row.message_id, row.status)
+                   for row in session.execute(_record_applied_statuses_statement(len(chunk)), params))
+    return new
 
 
 def open_service_window(session: Session, *, account: Account, contact_id: int, inbox_id: int, at: datetime) -> None:

@@ -34,6 +34,25 @@ def test_applied_status_is_new_once_then_known(fresh_postgres_url: str) -> None:
         engine.dispose()
 
 
+def test_applied_statuses_of_a_group_are_new_once_in_one_statement(fresh_postgres_url: str) -> None:
+    upgrade_database(fresh_postgres_url)
+    engine = make_engine(fresh_postgres_url)
+    sessions = session_factory(engine)
+    many = [(1000 + n, "delivered") for n in range(store.APPLIED_STATUSES_AT_ONCE + 3)]  # more than one INSERT's rows
+    try:
+        with sessions.begin() as session:
+            assert store.record_applied_status(session, "default", 41, "delivered") is True
+        with sessions.begin() as session:
+            assert store.record_applied_statuses(session, "default", [
+                (41, "delivered"), (41, "read"), (42, "delivered"), (42, "delivered")]) == {(41, "read"), (42, "delivered")}
+            assert store.record_applied_statuses(session, "other", [(41, "delivered")]) == {(41, "delivered")}
+            assert store.record_applied_statuses(session, "default", many) == set(many)
+            assert store.record_applied_statuses(session, "default", many[:2] + [(43, "read")]) == {(43, "read")}
+            assert store.record_applied_statuses(session, "default", []) == set()
+    finally:
+        engine.dispose()
+
+
 def test_the_service_window_only_moves_forward(fresh_postgres_url: str) -> None:
     upgrade_database(fresh_postgres_url)
     engine = make_engine(fresh_postgres_url)
