@@ -10,9 +10,10 @@ many copies of the failure, only one decision exists, and only the winner enqueu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -280,22 +281,59 @@ def follow_up(outcome: Outcome, applied: Applied, ctx: SendContext, enqueuer: En
     return applied.word if owed is None else f"owed_{owed}"
 
 
+@dataclass
+class GroupRead:
+    """What a group of outcomes applied in one transaction (:func:`read_group`) reads and records in
+    a statement each, before they are applied one by one with :func:`apply_in`: three statements
+    for the group instead of one each per outcome. The caller ends it with :func:`finish_group`."""
+
+    attempts: dict[int, store.OutcomeAttempt]  # by message ID; kept as this transaction moved them
+    new_statuses: set[tuple[int, str]]  # (message, status) recorded now: the first outcome to claim one applies it
+    drops: list[tuple[int, int]] = field(default_factory=list)  # (notification, attempt number), at the end
+
+
+def read_group(session: Session, outcomes: Sequence[Outcome], ctx: SendContext) -> GroupRead:
+    """Lock and read the attempts of ``outcomes``' messages (in message order, on PostgreSQL), and
+    record the applied statuses of those that are ours, each in one statement."""
+    workspace = ctx.settings.workspace_name
+    attempts = store.attempts_for_outcomes(session, workspace, [outcome.message_id for outcome in outcomes])
+    statuses = [(outcome.message_id, outcome.status) for outcome in outcomes
+                if outcome.status is not None and outcome.message_id in attempts]
+    return GroupRead(attempts, store.record_applied_statuses(session, workspace, statuses))
+
+
+def finish_group(session: Session, group: GroupRead) -> None:
+    """What the group's outcomes left to the end of their transaction: the payloads to drop, in one go."""
+    store.drop_payloads_of_current(session, group.drops)
+    group.drops.clear()
+
+
 def apply_in(session: Session, outcome: Outcome, ctx: SendContext, *,
-             mark_processed: MarkProcessed | None = None) -> Applied:
+             mark_processed: MarkProcessed | None = None, group: GroupRead | None = None) -> Applied:
     """The part of :func:`apply_outcome` inside the caller's transaction (the consumer applies many
     outcomes in one): the move, the applied status and the payload drop. ``mark_processed`` is
-    called for a move that needs nothing after the transaction."""
+    called for a move that needs nothing after the transaction. ``group``: what :func:`read_group`
+    read for this outcome among others in this transaction (its payload drop is left to
+    :func:`finish_group`); without it, the outcome reads and records its own."""
     if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
         outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
     workspace = ctx.settings.workspace_name
-    attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
+    if group is None:
+        attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
+    else:
+        attempt = group.attempts.get(outcome.message_id)
     if attempt is None:
         return Applied("ignored_not_ours")
-    if outcome.status is not None and not store.record_applied_status(session, workspace, outcome.message_id,
-                                                                      outcome.status):
-        return Applied("duplicate_status")
+    if outcome.status is not None:
+        if group is None:
+            new_status = store.record_applied_status(session, workspace, outcome.message_id, outcome.status)
+        else:  # the first of the group's copies of a status is the one that applies it, as one after the other
+            new_status = (outcome.message_id, outcome.status) in group.new_statuses
+            group.new_statuses.discard((outcome.message_id, outcome.status))
+        if not new_status:
+            return Applied("duplicate_status")
     current = AttemptState(attempt.state)
     new = advance(current, reported)
     if new == current:
@@ -306,10 +344,15 @@ def apply_in(session: Session, outcome: Outcome, ctx: SendContext, *,
                                 attempt_number=attempt.number, current=current, new=new,
                                 external_error=outcome.external_error, now=now, next_read_at=read_next):
         return Applied("stale")  # a concurrent outcome moved it first; its own run carries on from there
+    if group is not None:  # a later outcome of the group about the same message starts from here
+        group.attempts[outcome.message_id] = dataclasses.replace(attempt, state=new.value)
     _trace_outcome(session, attempt, outcome, new)
     if new in (AttemptState.DELIVERED, AttemptState.READ):
         # delivered: no other attempt can be needed any more (when it is the current one)
-        store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
+        if group is None:
+            store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
+        else:
+            group.drops.append((attempt.notification_id, attempt.number))
     if new is AttemptState.FAILED:
         return Applied("failed", FailedAttempt(attempt.notification_id, AttemptPurpose(attempt.purpose),
                                                outcome.external_error))

@@ -243,14 +243,18 @@ def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enq
     done: dict[int, str] = {}
     try:
         with ctx.sessions.begin() as session:
-            # By message: each one's attempt is locked (PostgreSQL) in the same order by every task,
-            # so two tasks holding reports of the same messages wait for each other, never deadlock.
-            for row_id, outcome in sorted(outcomes.items(), key=lambda item: (item[1].message_id, item[0])):
-                applied = tracking.apply_in(session, outcome, ctx)
+            # By message: the attempts are locked (PostgreSQL) in that order by every task, so two
+            # tasks holding reports of the same messages wait for each other, never deadlock; and a
+            # message's reports apply in the order they were recorded.
+            ordered = sorted(outcomes.items(), key=lambda item: (item[1].message_id, item[0]))
+            group = tracking.read_group(session, [outcome for _, outcome in ordered], ctx)
+            for row_id, outcome in ordered:
+                applied = tracking.apply_in(session, outcome, ctx, group=group)
                 if applied.failed is not None or applied.word == "duplicate_status":
                     following[row_id] = applied  # a decision may follow: marked once it is made
                 else:
                     done[row_id] = applied.word
+            tracking.finish_group(session, group)
             store.mark_deliveries_processed(session, done, now=ctx.clock())
     except (OperationalError, InterfaceError):
         raise

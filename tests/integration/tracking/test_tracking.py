@@ -721,6 +721,62 @@ def test_deliveries_with_a_status_are_applied_in_one_transaction(context: SendCo
     assert process_deliveries(rows, context, enqueuer).words == {"already_processed": 6}  # a redelivered task
 
 
+def _statements_during(ctx: SendContext) -> tuple[list[str], Any]:
+    engine = ctx.sessions.kw["bind"]
+    statements: list[str] = []
+
+    def keep(_connection: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(" ".join(statement.split()))
+
+    sa.event.listen(engine, "before_cursor_execute", keep)
+    return statements, lambda: sa.event.remove(engine, "before_cursor_execute", keep)
+
+
+def test_a_group_reads_its_attempts_records_its_statuses_and_drops_its_payloads_in_a_statement_each(
+    context: SendContext, enqueuer: ListEnqueuer
+) -> None:
+    ids = [_send(context, reminder(f"trk-s{n}", identifier=f"trk-s{n}", phone=f"+1555040060{n}")) for n in range(4)]
+    messages = [intake.status(context.sessions, f"trk-s{n}").message_id for n in range(4)]
+    assert outcomes.apply_outcome(outcomes.Outcome(messages[3], "delivered", None), context, enqueuer) \
+        == "applied_delivered"  # applied before: its report in the group is a duplicate
+    rows = _recorded(
+        context,
+        ("s-0", {"event": "message_updated", "message_id": messages[0], "status": "delivered"}),
+        ("s-1", {"event": "message_updated", "message_id": messages[1], "status": "delivered"}),
+        ("s-1-read", {"event": "message_updated", "message_id": messages[1], "status": "read"}),  # after, same group
+        ("s-2", {"event": "message_updated", "message_id": messages[2], "status": "delivered"}),
+        ("s-2-copy", {"event": "message_updated", "message_id": messages[2], "status": "delivered"}),
+        ("s-3", {"event": "message_updated", "message_id": messages[3], "status": "delivered"}),
+        ("s-not-ours", {"event": "message_updated", "message_id": 990001, "status": "delivered"}),
+    )
+    statements, stop = _statements_during(context)
+    try:
+        result = process_deliveries(rows, context, enqueuer)
+    finally:
+        stop()
+    with context.sessions() as session:
+        words = dict(session.execute(sa.select(WebhookDelivery.id, WebhookDelivery.outcome)
+                                     .where(WebhookDelivery.id.in_(rows))).all())
+        assert all(store.load_payload(session, notification_id) is None for notification_id in ids)
+    # each as it would end alone, one after the other
+    assert [words[row] for row in rows] == ["applied_delivered", "applied_delivered", "applied_read",
+                                            "applied_delivered", "duplicate_status", "duplicate_status",
+                                            "ignored_not_ours"]
+    assert result.words == {"applied_delivered": 3, "applied_read": 1, "duplicate_status": 2, "ignored_not_ours": 1}
+    assert [intake.status(context.sessions, f"trk-s{n}").state for n in range(4)] == ["delivered", "read", "delivered",
+                                                                                        "delivered"]
+
+    def count(start: str, *within: str) -> int:
+        return sum(statement.upper().startswith(start) and all(part in statement.upper() for part in within)
+                   for statement in statements)
+
+    # one statement each for the whole group (seven deliveries), not one per delivery
+    assert count("SELECT", "FROM ATTEMPTS") == 1
+    assert count("INSERT INTO APPLIED_STATUSES") == 1
+    assert count("DELETE FROM PAYLOADS") == 1
+    assert count("UPDATE ATTEMPTS") == 4  # the moves: s-0, s-1, s-1-read and s-2, one each
+
+
 def test_a_mixed_group_of_deliveries_each_ends_as_it_would_alone(
     context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
 ) -> None:
