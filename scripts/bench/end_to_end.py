@@ -48,6 +48,7 @@ from common import (
     temp_database,
     wait_until,
 )
+from latency import paced  # the same pacing as figure 5's hand-over
 
 TARGET_MS = 8.0
 # The dispatcher's own parts; the sandbox stands for the workspace and `other` for the rest of the machine.
@@ -143,23 +144,6 @@ def counts(engine: sa.Engine, prefix: str) -> dict[str, int]:
     return {**states, "unprocessed_deliveries": unprocessed}
 
 
-def handed_over(rate: float, total: int, action: Any, threads: int) -> float:
-    """Hand ``total`` over at ``rate`` a second from ``threads`` threads; the seconds it took."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        started = time.perf_counter()
-        futures = []
-        for i in range(total):
-            wait = started + i / rate - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            futures.append(pool.submit(action, i))
-        for future in futures:
-            future.result()
-    return time.perf_counter() - started
-
-
 def run_baseline(env: dict[str, str], shared: dict[str, Any], workdir: Path, tasks: int, concurrency: int) -> dict[str, Any]:
     """CPU per no-op task: this process publishing, one worker running them, the broker."""
     import redis
@@ -233,8 +217,9 @@ def run_ours(env: dict[str, str], shared: dict[str, Any], sandbox: Any, workdir:
         time.sleep(2)  # the warm-up's last webhooks and tasks
         trees = {name: process.pid for name, process in processes.items()}
         before = snapshot(trees, shared)
-        seconds = handed_over(args.rate, args.notifications,
-                              lambda i: dispatcher.notify(reminder(f"e2e-{i}", i % args.contacts)), args.intake_threads)
+        seconds = paced(args.rate, args.notifications / args.rate,
+                        lambda i: dispatcher.notify(reminder(f"e2e-{i}", i % args.contacts)),
+                        threads=args.intake_threads)["seconds"]
         began_wait = time.monotonic()
         done = wait_until(lambda: settled("e2e-", args.notifications), timeout_s=600, what="every notification read",
                           interval_s=0.5)

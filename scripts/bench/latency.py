@@ -55,7 +55,7 @@ def paced(rate: float, seconds: float, action: Any, *, threads: int = 1) -> dict
     application's request threads), so that one slow hand-over does not hold the next one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    total = int(rate * seconds)
+    total = round(rate * seconds)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         started = time.perf_counter()
         futures = []
