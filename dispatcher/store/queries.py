@@ -271,15 +271,10 @@ _DROP_PAYLOAD_OF_CURRENT = delete(PAYLOADS).where(
     exists().where(NOTIFICATIONS.c.id == _OF_NOTIFICATION, NOTIFICATIONS.c.current_attempt == bindparam("attempt_number")))
 
 
-def drop_payload_of_current(session: Session, notification_id: int, *, attempt_number: int) -> None:
-    """:func:`drop_payload`, when ``attempt_number`` is the notification's current attempt: one
-    statement (built once), no read first."""
-    drop_payloads_of_current(session, [(notification_id, attempt_number)])
-
-
 def drop_payloads_of_current(session: Session, attempts: Sequence[tuple[int, int]]) -> None:
-    """:func:`drop_payload_of_current` for several (notification ID, attempt number) pairs: one
-    executemany, which psycopg sends as one pipeline, not a round trip each."""
+    """:func:`drop_payload` for each (notification ID, attempt number) whose attempt is the
+    notification's current one: a statement built once, no read first, sent as one executemany
+    (one pipeline in psycopg, not a round trip each)."""
     if attempts:
         session.execute(_DROP_PAYLOAD_OF_CURRENT, [{"notification_id": notification_id, "attempt_number": number}
                                                    for notification_id, number in attempts])
@@ -511,7 +506,7 @@ def window_open(session: Session, *, account: Account, contact_id: int, inbox_id
 
 def attempt_by_message(session: Session, workspace: str, message_id: int) -> Attempt | None:
     """The attempt of ``workspace`` that sent this message (message IDs are one instance's: another
-    workspace's message may bear the same). The consumer's locked read is :func:`attempt_for_outcome`."""
+    workspace's message may bear the same). The consumer's locked read is :func:`attempts_for_outcomes`."""
     query = (select(Attempt).where(Attempt.workspace == workspace, Attempt.message_id == message_id)
              .execution_options(populate_existing=True))
     return session.scalars(query).one_or_none()
@@ -539,16 +534,11 @@ _ATTEMPTS_OF_MESSAGES = select(
 _ATTEMPTS_OF_MESSAGES_LOCKED = _ATTEMPTS_OF_MESSAGES.with_for_update()
 
 
-def attempt_for_outcome(session: Session, workspace: str, message_id: int) -> OutcomeAttempt | None:
-    """The attempt that sent the message, for the outcome consumer: the columns it reads, by a
-    statement built once, with no ORM object to load; locked for the transaction on PostgreSQL,
-    so concurrent consumers of the same message take turns."""
-    return attempts_for_outcomes(session, workspace, [message_id]).get(message_id)
-
-
 def attempts_for_outcomes(session: Session, workspace: str, message_ids: Sequence[int]) -> dict[int, OutcomeAttempt]:
-    """:func:`attempt_for_outcome` for several messages, in one statement: the attempts of those
-    that are ``workspace``'s, by message ID (locked in message order on PostgreSQL)."""
+    """The attempts that sent these messages, for the outcome consumer, by message ID: those that
+    are ``workspace``'s, the columns it reads, in one statement built once, with no ORM object to
+    load; locked for the transaction on PostgreSQL, in message order, so concurrent consumers of
+    the same messages take turns and never deadlock."""
     if not message_ids:
         return {}
     locked = session.get_bind().dialect.name == "postgresql"

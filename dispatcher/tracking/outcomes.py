@@ -259,7 +259,9 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
     A failure applied before whose decision is still owed (the run that applied it died before
     deciding) gets it now. ``mark_processed``: see :func:`apply_event`."""
     with ctx.sessions.begin() as session:
-        applied = apply_in(session, outcome, ctx, mark_processed=mark_processed)
+        group = read_group(session, [outcome], ctx)  # a group of one: the same statements, one path
+        applied = apply_in(session, outcome, ctx, group, mark_processed=mark_processed)
+        finish_group(session, group)
     return follow_up(outcome, applied, ctx, enqueuer)
 
 
@@ -283,9 +285,10 @@ def follow_up(outcome: Outcome, applied: Applied, ctx: SendContext, enqueuer: En
 
 @dataclass
 class GroupRead:
-    """What a group of outcomes applied in one transaction (:func:`read_group`) reads and records in
-    a statement each, before they are applied one by one with :func:`apply_in`: three statements
-    for the group instead of one each per outcome. The caller ends it with :func:`finish_group`."""
+    """What the outcomes applied in one transaction (:func:`read_group`; one outcome alone is a
+    group of one) read and record in a statement each, before they are applied one by one with
+    :func:`apply_in`: three statements for the group instead of one each per outcome. The caller
+    ends it with :func:`finish_group`."""
 
     attempts: dict[int, store.OutcomeAttempt]  # by message ID; kept as this transaction moved them
     new_statuses: set[tuple[int, str]]  # (message, status) recorded now: the first outcome to claim one applies it
@@ -308,30 +311,23 @@ def finish_group(session: Session, group: GroupRead) -> None:
     group.drops.clear()
 
 
-def apply_in(session: Session, outcome: Outcome, ctx: SendContext, *,
-             mark_processed: MarkProcessed | None = None, group: GroupRead | None = None) -> Applied:
+def apply_in(session: Session, outcome: Outcome, ctx: SendContext, group: GroupRead, *,
+             mark_processed: MarkProcessed | None = None) -> Applied:
     """The part of :func:`apply_outcome` inside the caller's transaction (the consumer applies many
-    outcomes in one): the move, the applied status and the payload drop. ``mark_processed`` is
-    called for a move that needs nothing after the transaction. ``group``: what :func:`read_group`
-    read for this outcome among others in this transaction (its payload drop is left to
-    :func:`finish_group`); without it, the outcome reads and records its own."""
+    outcomes in one): the move, and the applied status and the attempt that :func:`read_group`
+    read into ``group`` (its payload drop is left to :func:`finish_group`). ``mark_processed`` is
+    called for a move that needs nothing after the transaction."""
     if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
         outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
     reported = attempt_state_from_status(outcome.status)
     now = ctx.clock()
-    workspace = ctx.settings.workspace_name
-    if group is None:
-        attempt = store.attempt_for_outcome(session, workspace, outcome.message_id)
-    else:
-        attempt = group.attempts.get(outcome.message_id)
+    attempt = group.attempts.get(outcome.message_id)
     if attempt is None:
         return Applied("ignored_not_ours")
     if outcome.status is not None:
-        if group is None:
-            new_status = store.record_applied_status(session, workspace, outcome.message_id, outcome.status)
-        else:  # the first of the group's copies of a status is the one that applies it, as one after the other
-            new_status = (outcome.message_id, outcome.status) in group.new_statuses
-            group.new_statuses.discard((outcome.message_id, outcome.status))
+        # the first of the group's copies of a status is the one that applies it, as one after the other
+        new_status = (outcome.message_id, outcome.status) in group.new_statuses
+        group.new_statuses.discard((outcome.message_id, outcome.status))
         if not new_status:
             return Applied("duplicate_status")
     current = AttemptState(attempt.state)
@@ -344,15 +340,12 @@ def apply_in(session: Session, outcome: Outcome, ctx: SendContext, *,
                                 attempt_number=attempt.number, current=current, new=new,
                                 external_error=outcome.external_error, now=now, next_read_at=read_next):
         return Applied("stale")  # a concurrent outcome moved it first; its own run carries on from there
-    if group is not None:  # a later outcome of the group about the same message starts from here
-        group.attempts[outcome.message_id] = dataclasses.replace(attempt, state=new.value)
+    # a later outcome of the group about the same message starts from here
+    group.attempts[outcome.message_id] = dataclasses.replace(attempt, state=new.value)
     _trace_outcome(session, attempt, outcome, new)
     if new in (AttemptState.DELIVERED, AttemptState.READ):
         # delivered: no other attempt can be needed any more (when it is the current one)
-        if group is None:
-            store.drop_payload_of_current(session, attempt.notification_id, attempt_number=attempt.number)
-        else:
-            group.drops.append((attempt.notification_id, attempt.number))
+        group.drops.append((attempt.notification_id, attempt.number))
     if new is AttemptState.FAILED:
         return Applied("failed", FailedAttempt(attempt.notification_id, AttemptPurpose(attempt.purpose),
                                                outcome.external_error))

@@ -249,7 +249,7 @@ def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enq
             ordered = sorted(outcomes.items(), key=lambda item: (item[1].message_id, item[0]))
             group = tracking.read_group(session, [outcome for _, outcome in ordered], ctx)
             for row_id, outcome in ordered:
-                applied = tracking.apply_in(session, outcome, ctx, group=group)
+                applied = tracking.apply_in(session, outcome, ctx, group)
                 if applied.failed is not None or applied.word == "duplicate_status":
                     following[row_id] = applied  # a decision may follow: marked once it is made
                 else:

@@ -824,10 +824,10 @@ def test_a_delivery_that_breaks_the_shared_transaction_costs_the_others_nothing(
                                 for n, message in enumerate(messages)))
     real_apply_in = outcomes.apply_in
 
-    def apply_in(session: Any, outcome: outcomes.Outcome, ctx: SendContext, **kwargs: Any) -> outcomes.Applied:
+    def apply_in(session: Any, outcome: outcomes.Outcome, ctx: SendContext, *args: Any, **kwargs: Any) -> outcomes.Applied:
         if outcome.message_id == messages[1]:
             raise RuntimeError("a delivery this version cannot apply")
-        return real_apply_in(session, outcome, ctx, **kwargs)
+        return real_apply_in(session, outcome, ctx, *args, **kwargs)
 
     monkeypatch.setattr(outcomes, "apply_in", apply_in)
     result = process_deliveries(rows, context, enqueuer)
