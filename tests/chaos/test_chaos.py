@@ -17,7 +17,6 @@ import random
 import re
 import shutil
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,10 +26,12 @@ import pytest
 import sqlalchemy as sa
 from chaos_harness import (
     BROKERS,
-    INTAKE_PER_S,
+    UNSENT_WINDOW,
     ChaosConfig,
     Controller,
+    IntakeProgress,
     Planned,
+    Sampler,
     check,
     delivery_outcomes,
     dump_event,
@@ -40,6 +41,7 @@ from chaos_harness import (
     plan_notifications,
     private_data_in,
     read_store,
+    reads_not_followed,
     running_stack,
     set_aside,
     settings_of,
@@ -50,13 +52,15 @@ from chaos_harness import (
     unprocessed_deliveries,
 )
 
+from dispatcher.store.models import Notification
 from tests.conftest import REPO_ROOT
 
 # xdist_group: the chaos run is the longest test by far; its own group lets the other worker take the rest meanwhile
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(time_budget_s()), pytest.mark.xdist_group("chaos")]
 
 TEARDOWN_RESERVE_S = 75.0  # kept back from the budget for the checks, the report and stopping everything
-# Longer than the route's delivery deadline and the 30 s before lost deliveries are republished.
+# Nothing changing for this long means stuck: longer than the 30 s before lost deliveries are
+# republished and the minute before a read-back, and than the route's delivery deadline.
 STALL_S = 90.0
 DECISION_LINE = re.compile(r"notification (\d+): fallback decision (\w+)")
 TASK_RESULT = re.compile(r"Task (dispatcher\.\w+)\[[^\]]+\] succeeded in [0-9.]+s: '?(\w+)")
@@ -95,17 +99,19 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
         with running_stack(config, log_dir=log_dir) as stack:
             engine = sa.create_engine(stack.database_url, pool_pre_ping=True)  # it lives through the restart
             timings = {"setup": time.monotonic() - began}
-            intake_done = threading.Event()
-            chaos_started = time.monotonic()
-            controller = Controller(stack, controller_rng, kills=config.kills, intake_done=intake_done,
-                                    intake_s=config.notifications / INTAKE_PER_S,
+            intake = IntakeProgress(total=config.notifications)
+            chaos_started = intake.began
+            controller = Controller(stack, controller_rng, kills=config.kills, intake=intake,
                                     deadline=began + budget_s - TEARDOWN_RESERVE_S - 120, started=chaos_started)
+            sampler = Sampler(stack)
             controller.start()
-            intake_errors = _hand_over(stack, planned, deadline=began + budget_s - TEARDOWN_RESERVE_S - 120)
-            intake_done.set()
+            sampler.start()
+            _hand_over(stack, engine, planned, intake, deadline=began + budget_s - TEARDOWN_RESERVE_S - 120)
+            intake.finish()
             timings["intake"] = time.monotonic() - chaos_started
             say(f"handed over {config.notifications} notifications in {timings['intake']:.0f} s "
-                f"({intake_errors} hand-overs retried); kills so far {controller.log.total_kills}")
+                f"({intake.rate_per_s() or 0:.1f} a second; {intake.retried} hand-overs retried); "
+                f"kills so far {controller.log.total_kills}")
             controller.join(timeout=max(1.0, began + budget_s - TEARDOWN_RESERVE_S - time.monotonic()))
             controller.stop_requested.set()
             controller.join(timeout=30)
@@ -115,8 +121,11 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 f"restart, {controller.log.lost_for_good} lost for good")
 
             settle_began = time.monotonic()
-            rows, settled = _settle(stack, engine, controller, planned, deadline=began + budget_s - TEARDOWN_RESERVE_S, say=say)
+            rows, settled = _settle(stack, engine, controller, planned, deadline=began + budget_s - TEARDOWN_RESERVE_S,
+                                    stall_s=max(STALL_S, config.deadline_s + STALL_S), say=say)
             timings["settle"] = time.monotonic() - settle_began
+            sampler.stop_requested.set()
+            sampler.join(timeout=30)
             pools_full = _pools_full(stack)
 
             messages = stack.sandbox.messages()
@@ -127,11 +136,13 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
             postgres_log = stack.postgres.log_text()
             private = private_data_in(logs + stack.sandbox.stderr_text() + _redis_logs(log_dir) + postgres_log)
             timings["total"] = time.monotonic() - began
-            report = _counts(config, planned, controller, stats, rows, messages, logs, engine, verdict, timings, intake_errors)
+            report = _counts(config, planned, controller, stats, rows, messages, logs, engine, verdict, timings,
+                             intake, sampler.peaks)
             for line in _count_lines(report):
                 say(line)
             for key in ("broker", "notifications", "kills", "broker_restarts", "postgres_restarts", "fallbacks",
-                        "read_lag", "tries_exhausted", "crash_loop", "fallback_for_existing", "duplicates"):
+                        "read_lag", "tries_exhausted", "crash_loop", "fallback_for_existing", "duplicates",
+                        "handed_per_s", "settled_per_s", "settled_per_s_95"):
                 record_property(f"chaos_{broker}_{key}", report[key])
             for key, value in report["settle_s"].items():
                 record_property(f"chaos_{broker}_settle_{key}_s", value)
@@ -190,34 +201,50 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
 # --- phases ---------------------------------------------------------------------------------
 
 
-def _hand_over(stack: Any, planned: list[Planned], *, deadline: float) -> int:
-    """Hand every notification over at INTAKE_PER_S, as a host would; a failed hand-over (the
-    store or the broker away for a moment) is handed over again, as a host would retry it."""
-    retried = 0
-    started = time.monotonic()
-    for number, plan in enumerate(planned):
-        pause = started + number / INTAKE_PER_S - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+def _hand_over(stack: Any, engine: sa.Engine, planned: list[Planned], intake: IntakeProgress, *,
+               deadline: float) -> None:
+    """Hand every notification over as fast as the dispatcher sends them: at most UNSENT_WINDOW
+    handed over and not yet sent at once, so the rate is the one it sustains under fire. A failed
+    hand-over (the store or the broker away for a moment) is handed over again, as a host would."""
+    unsent, checked = 0, 0.0
+    for plan in planned:
+        while unsent >= UNSENT_WINDOW and time.monotonic() < deadline:
+            if time.monotonic() - checked < 0.25:
+                time.sleep(0.25)
+            unsent, checked = _unsent(engine, unsent), time.monotonic()
         patience = time.monotonic() + HAND_OVER_PATIENCE_S
         while True:
             try:
                 stack.dispatcher.notify(plan.request)
                 break
             except Exception:
-                retried += 1
+                intake.retried += 1
                 if time.monotonic() > min(patience, deadline):
                     raise
                 time.sleep(0.5)
-    return retried
+        intake.handed += 1
+        unsent += 1
+
+
+def _unsent(engine: sa.Engine, previous: int) -> int:
+    """Notifications handed over and not yet sent; the previous count while the store is away."""
+    table = Notification.__table__
+    try:
+        with engine.connect() as connection:
+            return int(connection.scalar(sa.select(sa.func.count()).select_from(table)
+                                         .where(table.c.state.in_(("queued", "sending")))) or 0)
+    except sa.exc.SQLAlchemyError:
+        return previous
 
 
 def _settle(stack: Any, engine: sa.Engine, controller: Controller, planned: list[Planned], *,
-            deadline: float, say: Any) -> tuple[dict[str, Any], str]:
+            deadline: float, stall_s: float, say: Any) -> tuple[dict[str, Any], str]:
     """Wait (bounded) until every notification is terminal or confirmed, every webhook delivery
-    is processed, the sandbox has nothing left to deliver, and nothing changes for a while.
+    is processed, the sandbox has nothing left to deliver, no lost read report is left without
+    its read-back (the sandbox's record is read only once the store is otherwise quiet), and
+    nothing changes for a while.
 
-    Returns the rows and "settled", "stuck" (nothing changed for STALL_S although some are not
+    Returns the rows and "settled", "stuck" (nothing changed for stall_s although some are not
     terminal: no sweep will move them) or "out of time"."""
     last_signature: Any = None
     calm, last_change, last_report = 0, time.monotonic(), time.monotonic()
@@ -230,24 +257,28 @@ def _settle(stack: Any, engine: sa.Engine, controller: Controller, planned: list
         missing = len(planned) - len(rows)
         unprocessed = unprocessed_deliveries(engine)
         pending = stack.sandbox.health().get("pending_webhooks", 0)
-        signature = (unprocessed, pending, tuple(sorted(
+        lagging = 0
+        if not unsettled and not missing and not unprocessed and not pending:
+            lagging = reads_not_followed(rows, stack.sandbox.messages())
+        signature = (unprocessed, pending, lagging, tuple(sorted(
             (event, row.state, row.fallback_decision, tuple(sorted((n, a["state"]) for n, a in row.attempts.items())))
             for event, row in rows.items())))
         if signature != last_signature:
             last_change = time.monotonic()
-        quiet = not unsettled and not missing and not unprocessed and not pending
+        quiet = not unsettled and not missing and not unprocessed and not pending and not lagging
         calm = calm + 1 if quiet and signature == last_signature else 0
         last_signature = signature
         if calm >= 3:
             return rows, "settled"
-        if time.monotonic() - last_change > STALL_S and not unprocessed and not pending:
-            say(f"{len(unsettled) + missing} notifications stuck: nothing changed for {STALL_S:.0f} s")
+        if time.monotonic() - last_change > stall_s and not unprocessed and not pending:
+            say(f"{len(unsettled) + missing} notifications stuck, {lagging} read reports not followed: "
+                f"nothing changed for {stall_s:.0f} s")
             return rows, "stuck"
         if time.monotonic() - last_report > 30:
             last_report = time.monotonic()
             states = Counter(settled_state(rows[event]) for event in unsettled[:2000])
             say(f"settling: {len(unsettled)} not yet terminal or confirmed {dict(states.most_common(4))}, "
-                f"{unprocessed} deliveries unprocessed, {pending} webhooks pending")
+                f"{unprocessed} deliveries unprocessed, {pending} webhooks pending, {lagging} read reports to follow")
         time.sleep(2.0)
     return rows, "out of time"
 
@@ -275,7 +306,7 @@ def _redis_logs(log_dir: Path) -> str:
 
 def _counts(config: ChaosConfig, planned: list[Planned], controller: Controller, stats: dict[str, Any],
             rows: dict[str, Any], messages: list[dict[str, Any]], logs: str, engine: sa.Engine, verdict: Any,
-            timings: dict[str, float], intake_errors: int) -> dict[str, Any]:
+            timings: dict[str, float], intake: IntakeProgress, peaks: Any) -> dict[str, Any]:
     chaos = controller.log
     faults_by_kind: Counter[str] = Counter()
     for kinds in stats.get("faults", {}).values():
@@ -334,10 +365,30 @@ def _counts(config: ChaosConfig, planned: list[Planned], controller: Controller,
         "settle_s": percentiles(settle_times),
         "settled_timed": len(settle_times),
         "violations": {rule: len(cases) for rule, cases in verdict.violations.items()},
-        "intake_retries": intake_errors,
+        "intake_retries": intake.retried,
+        "handed_per_s": round(intake.rate_per_s() or 0.0, 2),
+        **_settled_rates(rows),
+        "peaks": {"queue_depth": peaks.queue_depth, "queue_depth_at": peaks.queue_depth_at,
+                  "worker_rss_mb": peaks.worker_rss_mb, "total_rss_mb": peaks.total_rss_mb,
+                  "db_connections": peaks.db_connections, "db_active": peaks.db_active,
+                  "samples": peaks.samples},
         "timings": {name: round(value) for name, value in timings.items()},
         "timeline": chaos.timeline,
     }
+
+
+def _settled_rates(rows: dict[str, Any]) -> dict[str, float]:
+    """Notifications settled a second, from the first hand-over: to the last one settled, and to
+    the moment 95 % of them had (the silent recipients' deadline holds the last ones back)."""
+    handed = [row.created_at for row in rows.values() if row.created_at is not None]
+    settled = sorted(row.created_at.timestamp() + seconds for row in rows.values()
+                     if (seconds := settle_s(row)) is not None)
+    if not handed or not settled:
+        return {"settled_per_s": 0.0, "settled_per_s_95": 0.0}
+    first = min(handed).timestamp()
+    ninety_five = settled[max(0, int(len(settled) * 0.95) - 1)]
+    return {"settled_per_s": round(len(settled) / max(settled[-1] - first, 1e-9), 2),
+            "settled_per_s_95": round(int(len(settled) * 0.95) / max(ninety_five - first, 1e-9), 2)}
 
 
 def _task_results(logs: str) -> dict[str, int]:
@@ -383,6 +434,12 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"fallbacks for a message that exists {report['fallback_for_existing']}",
         f"settle time from hand-over to terminal or confirmed ({report['settled_timed']} notifications): "
         f"{report['settle_s']} s",
+        f"rates: handed over {report['handed_per_s']} a second (at most {UNSENT_WINDOW} unsent at once), settled "
+        f"{report['settled_per_s']} a second to the last one, {report['settled_per_s_95']} a second to 95 %",
+        f"peaks: queue depth {report['peaks']['queue_depth']} {report['peaks']['queue_depth_at']}, resident memory "
+        f"by kind (a worker with its pool) {report['peaks']['worker_rss_mb']} MB, all together "
+        f"{report['peaks']['total_rss_mb']} MB, store connections {report['peaks']['db_connections']} "
+        f"({report['peaks']['db_active']} active) over {report['peaks']['samples']} samples",
         f"violations {report['violations'] or 'none'}",
         f"runtime {report['timings']} s",
     ]
