@@ -454,6 +454,8 @@ class ChaosLog:
     postgres_restarts: int = 0
     postgres_down_s: float = 0.0
     lost_for_good: str | None = None  # the send worker killed and never started again
+    lost_at: float | None = None  # when, time.time()
+    broker_restarted_at: float | None = None  # when the broker went down, time.time()
     supervisor_restarts: Counter[str] = field(default_factory=Counter)  # beat / receiver started again
     timeline: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -591,6 +593,7 @@ class Controller(threading.Thread):
             self.log.worker_kills += 1
             self.log.kills[f"{name} lost for good"] += 1
             self.log.lost_for_good = name
+            self.log.lost_at = time.time()
             self._note(f"SIGKILL {name} whole, lost for good (never started again)")
 
     def _restart_broker(self) -> None:
@@ -603,6 +606,7 @@ class Controller(threading.Thread):
             self._note(f"RabbitMQ 'restart': every connection dropped and new ones refused for {down_s:.1f}s; "
                        f"it held {self.log.broker_queued} (kept, the unacknowledged requeued)")
         begun = time.monotonic()
+        self.log.broker_restarted_at = time.time()
         broker.restart(down_s)
         self.log.broker_restarts += 1
         self.log.broker_down_s = time.monotonic() - begun
@@ -710,6 +714,78 @@ def _tree_rss_mb(pid: int) -> float:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += member.memory_info().rss
     return total / 2**20
+
+
+# --- the node lost for good -----------------------------------------------------------------
+
+# The bound a lost worker's tasks come back within (dispatcher/queues.py: on Redis the visibility
+# timeout and one restore period, 30 + 5 s, with the rest for a countdown and a free pool process;
+# on RabbitMQ at once, when its connection closes).
+LOST_NODE_BOUND_S = 60.0
+CELERY_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/[\w-]+\] Task (dispatcher\.\w+)\[([0-9a-f-]+)\] "
+                         r"(received|succeeded|retry:|raised)")
+
+
+@dataclass
+class Handoff:
+    """What became of the tasks the lost worker held when it died."""
+
+    held: int = 0  # taken by it (received), neither finished nor retried there, nor taken by another since
+    taken_over: list[float] = field(default_factory=list)  # seconds from the loss until another worker took each
+    gone_with_broker: int = 0  # Redis restarted before another worker took them: the sweeps redo their work
+    never_taken: list[str] = field(default_factory=list)  # task IDs no other worker took, the broker kept
+
+    def within_bound(self) -> bool:
+        return not self.never_taken and all(delay <= LOST_NODE_BOUND_S for delay in self.taken_over)
+
+
+def _celery_events(path: Path) -> list[tuple[float, str, str]]:
+    """(time, task ID, what) of every task line in a worker's log."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        match = CELERY_LINE.match(line)
+        if match:
+            moment = time.mktime(time.strptime(match.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + int(match.group(1)[20:]) / 1000
+            found.append((moment, match.group(3), match.group(4)))
+    return found
+
+
+def lost_node_handoff(log_dir: Path, log: ChaosLog, broker_kind: str) -> Handoff:
+    """From the workers' logs: the tasks the lost worker had taken and not finished when it died,
+    and how long until another worker took each (LOST_NODE_BOUND_S is the promise)."""
+    handoff = Handoff()
+    if log.lost_for_good is None or log.lost_at is None:
+        return handoff
+    name = log.lost_for_good
+    incarnations = sorted(log_dir.glob(f"{name}-*.log"), key=lambda path: int(path.stem.rsplit("-", 1)[1]))
+    if not incarnations:
+        return handoff
+    pending: dict[str, float] = {}
+    for moment, task_id, what in _celery_events(incarnations[-1]):
+        if what == "received":
+            pending[task_id] = moment
+        else:
+            pending.pop(task_id, None)
+    elsewhere: dict[str, list[float]] = defaultdict(list)  # task ID -> when other workers took it
+    for path in log_dir.glob("*.log"):
+        if path == incarnations[-1] or not path.stem.startswith(("sender", "consumer", "relay")):
+            continue
+        for moment, task_id, what in _celery_events(path):
+            if what == "received" and task_id in pending:
+                elsewhere[task_id].append(moment)
+    for task_id, taken in pending.items():
+        if any(taken <= moment <= log.lost_at for moment in elsewhere[task_id]):
+            continue  # handed back before the loss (its pool process was killed earlier)
+        handoff.held += 1
+        later = [moment for moment in elsewhere[task_id] if moment > log.lost_at]
+        if later:
+            handoff.taken_over.append(round(min(later) - log.lost_at, 1))
+        elif broker_kind == "redis" and log.broker_restarted_at is not None \
+                and taken < log.broker_restarted_at < log.lost_at + LOST_NODE_BOUND_S:
+            handoff.gone_with_broker += 1
+        else:
+            handoff.never_taken.append(task_id)
+    return handoff
 
 
 # --- reading the outcome --------------------------------------------------------------------

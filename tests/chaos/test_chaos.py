@@ -26,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 from chaos_harness import (
     BROKERS,
+    LOST_NODE_BOUND_S,
     UNSENT_WINDOW,
     ChaosConfig,
     Controller,
@@ -36,6 +37,7 @@ from chaos_harness import (
     delivery_outcomes,
     dump_event,
     error_kinds,
+    lost_node_handoff,
     messages_by_event,
     percentiles,
     plan_notifications,
@@ -135,9 +137,17 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
             verdict = check(planned, rows, messages, decision_lines)
             postgres_log = stack.postgres.log_text()
             private = private_data_in(logs + stack.sandbox.stderr_text() + _redis_logs(log_dir) + postgres_log)
+            handoff = lost_node_handoff(log_dir, controller.log, broker)
             timings["total"] = time.monotonic() - began
             report = _counts(config, planned, controller, stats, rows, messages, logs, engine, verdict, timings,
                              intake, sampler.peaks)
+            report["handoff"] = {"held": handoff.held, "taken_over_max_s": max(handoff.taken_over, default=None),
+                                 "taken_over": len(handoff.taken_over), "gone_with_broker": handoff.gone_with_broker,
+                                 "never_taken": len(handoff.never_taken)}
+            say(f"the node lost for good ({controller.log.lost_for_good}) held {handoff.held} tasks: "
+                f"{len(handoff.taken_over)} taken by other workers within {max(handoff.taken_over, default=0)} s "
+                f"(bound {LOST_NODE_BOUND_S:.0f} s), {handoff.gone_with_broker} gone with the broker's restart "
+                f"(the sweeps redo them), {len(handoff.never_taken)} never taken")
             for line in _count_lines(report):
                 say(line)
             for key in ("broker", "notifications", "kills", "broker_restarts", "postgres_restarts", "fallbacks",
@@ -160,6 +170,9 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 problems.append(f"no kill of {sorted(controller.kinds_missed())}")
             if controller.log.lost_for_good is None:
                 problems.append("no send worker was lost for good")
+            if not handoff.within_bound():
+                problems.append(f"the lost node's tasks were not taken over within {LOST_NODE_BOUND_S:.0f} s: "
+                                f"{sorted(handoff.taken_over)[-5:]} s, never taken {handoff.never_taken[:5]}")
             if not pools_full:
                 problems.append("not every worker runs its full pool again after the kills")
             if settled != "settled":

@@ -1,0 +1,89 @@
+"""The chaos run's readers, on made-up logs and rows: what the full run's verdicts rest on must be
+right on its own (issue 20: the lost node's hand-over bound, lost read reports, the kill pace)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from chaos_harness import (
+    LOST_NODE_BOUND_S,
+    ChaosLog,
+    Controller,
+    IntakeProgress,
+    Row,
+    lost_node_handoff,
+    reads_not_followed,
+)
+
+LOSS = time.mktime(time.strptime("2026-11-27 10:00:00", "%Y-%m-%d %H:%M:%S"))
+
+
+def line(seconds: float, task_id: str, what: str, process: str = "MainProcess") -> str:
+    moment = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(LOSS + seconds)) + f",{int(seconds * 1000) % 1000:03d}"
+    task = f"Task dispatcher.send[{task_id}]"
+    return {"received": f"[{moment}: INFO/{process}] {task} received",
+            "succeeded": f"[{moment}: INFO/ForkPoolWorker-1] {task} succeeded in 0.5s: 'accepted'",
+            "retry": f"[{moment}: INFO/ForkPoolWorker-1] {task} retry: Retry in 1.0s"}[what]
+
+
+def write(path: Path, *lines: str) -> None:
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_lost_workers_unfinished_tasks_are_timed_until_another_worker_takes_them(tmp_path: Path) -> None:
+    write(tmp_path / "sender0-2.log", line(-50, "aaaa", "received"))  # an earlier life: not held at the loss
+    write(tmp_path / "sender0-7.log",
+          line(-9, "bbbb", "received"), line(-8, "bbbb", "succeeded"),  # finished there
+          line(-7, "cccc", "received"), line(-6, "cccc", "retry"),  # handed back by its retry
+          line(-5, "dddd", "received"),  # held: taken over 31 s after the loss
+          line(-4, "eeee", "received"),  # held: taken over too late
+          line(-3, "ffff", "received"))  # held: its pool process died before, another took it before the loss
+    write(tmp_path / "sender1-3.log",
+          line(-2, "ffff", "received"), line(31, "dddd", "received"), line(LOST_NODE_BOUND_S + 5, "eeee", "received"))
+    log = ChaosLog(lost_for_good="sender0", lost_at=LOSS)
+
+    handoff = lost_node_handoff(tmp_path, log, "rabbitmq")
+
+    assert handoff.held == 2
+    assert sorted(handoff.taken_over) == [31.0, LOST_NODE_BOUND_S + 5]
+    assert not handoff.within_bound()
+
+
+def test_a_task_no_one_took_is_gone_with_redis_only_when_redis_restarted_after_it_was_taken(tmp_path: Path) -> None:
+    write(tmp_path / "sender2-4.log", line(-5, "aaaa", "received"))
+    write(tmp_path / "consumer0-1.log", "")
+    restarted_after = ChaosLog(lost_for_good="sender2", lost_at=LOSS, broker_restarted_at=LOSS + 10)
+    restarted_before = ChaosLog(lost_for_good="sender2", lost_at=LOSS, broker_restarted_at=LOSS - 60)
+
+    kept = lost_node_handoff(tmp_path, restarted_after, "redis")
+    missing = lost_node_handoff(tmp_path, restarted_before, "redis")
+    on_rabbitmq = lost_node_handoff(tmp_path, restarted_after, "rabbitmq")
+
+    assert (kept.gone_with_broker, kept.never_taken, kept.within_bound()) == (1, [], True)
+    assert (missing.never_taken, missing.within_bound()) == (["aaaa"], False)
+    assert on_rabbitmq.never_taken == ["aaaa"]  # RabbitMQ keeps what it held: nothing may vanish
+
+
+def test_a_delivered_attempt_whose_message_the_sandbox_says_is_read_is_a_read_not_followed() -> None:
+    row = Row(1, "chaos-00001", "delivered", 11, "delivered", None, None, None, None, None)
+    row.attempts[1] = {"state": "delivered", "message_id": 11}
+    read = Row(2, "chaos-00002", "read", 12, "read", None, None, None, None, None)
+    read.attempts[1] = {"state": "read", "message_id": 12}
+    rows = {row.event_id: row, read.event_id: read}
+
+    assert reads_not_followed(rows, [{"id": 11, "status": "read"}, {"id": 12, "status": "read"}]) == 1
+    assert reads_not_followed(rows, [{"id": 11, "status": "delivered"}, {"id": 12, "status": "read"}]) == 0
+
+
+def test_kills_spread_over_the_hand_over_still_to_come_at_the_measured_rate() -> None:
+    intake = IntakeProgress(total=1000, handed=500, began=time.monotonic() - 100)  # 5 a second so far
+    controller = Controller.__new__(Controller)  # only the pace is under test: no stack, no thread
+    controller.intake, controller.target, controller.log = intake, 60, ChaosLog(pool_kills=10)
+
+    assert 1.9 < controller.mean_gap_s() < 2.1  # 500 left at 5 a second: 100 s for 50 kills
+
+    intake.done = threading.Event()
+    intake.finish()
+    assert controller.mean_gap_s() == 1.0  # past the hand-over, one a second
