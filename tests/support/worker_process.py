@@ -79,6 +79,7 @@ class ProcessGroup:
     _counter: int = 0
     _worker_options: dict[str, tuple[int, str]] = field(default_factory=dict)
     restarts: int = 0
+    closed: bool = False  # set by stop_all: a supervisor thread still running then starts nothing more
 
     def ensure_running(self) -> None:
         """Act as a supervisor (systemd, a container's restart policy): start again any worker
@@ -100,6 +101,8 @@ class ProcessGroup:
         return {name: concurrency for name, (concurrency, _) in self._worker_options.items()}
 
     def start(self, name: str, arguments: list[str]) -> subprocess.Popen[bytes]:
+        if self.closed:
+            raise RuntimeError(f"the process group is stopped: {name} is not started again")
         self._counter += 1
         log_path = self.log_dir / f"{name}-{self._counter}.log"
         with log_path.open("wb") as log:
@@ -157,6 +160,7 @@ class ProcessGroup:
                 child.kill()
 
     def stop_all(self) -> None:
+        self.closed = True
         for name in list(self.processes):
             self.stop(name)
 
