@@ -2,8 +2,8 @@
 
 One run: the sandbox (with 5xx, 429, dropped responses and unruly webhooks), the webhook receiver,
 two outcome consumers, three send workers, beat, a private Redis (the shared limiter, and the
-broker on ``redis``), a RabbitMQ virtual host of the run's own behind a TCP proxy (the broker on
-``rabbitmq``) and a private PostgreSQL server, all real processes on 127.0.0.1. While the
+broker on ``redis``), a RabbitMQ node of the run's own (the broker on ``rabbitmq``) and a private
+PostgreSQL server, all real processes on 127.0.0.1. While the
 notifications are handed over, a controller thread SIGKILLs workers, consumers, beat and the
 receiver at moments drawn from ``random.Random(seed)``, loses one send worker for good, restarts
 PostgreSQL and the broker once each, and plays the supervisor. When everything has settled, the
@@ -21,7 +21,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
@@ -44,10 +43,9 @@ from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.postgres_server import PrivatePostgres, private_postgres
-from tests.support.rabbitmq_vhost import RABBITMQ_HOST, RABBITMQ_PORT, private_vhost
+from tests.support.rabbitmq_node import private_rabbitmq
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
-from tests.support.tcp_proxy import TcpProxy
 from tests.support.worker_process import FAST_TIMERS, ProcessGroup, dispatcher_environment, process_group
 
 # --- the run's shape ------------------------------------------------------------------------
@@ -295,51 +293,30 @@ class RedisBroker:
 
 
 class RabbitBroker:
-    """A virtual host of the run's own on the machine's RabbitMQ, reached only through a TCP proxy.
-
-    The machine's RabbitMQ is shared, so it is never restarted. What the dispatcher sees of a
-    restart is what the proxy does: every connection dropped, new ones refused for a while, then
-    accepted again. A real restart keeps what it held (Celery declares its queues durable and
-    publishes persistent messages) and requeues what was delivered but not acknowledged, as it does
-    when a connection closes: the same as the proxy's cut. docs/chaos.md says more.
-    """
+    """A RabbitMQ node of the run's own (tests/support/rabbitmq_node.py) on free loopback ports:
+    its restart is a real one, SIGKILL of the node then started again on the same data. Celery
+    declares its queues durable and publishes persistent messages, so what the node had written
+    comes back; what was delivered but not acknowledged is delivered again. A message published
+    in the instant before the crash, not yet on disk, may be lost (Celery publishes without
+    confirms): the sweeps republish what the store still expects."""
 
     kind = "rabbitmq"
 
-    def __init__(self) -> None:
-        self._vhost = contextlib.ExitStack()  # the vhost is deleted when the broker closes, or if the proxy fails to start
-        try:
-            self.vhost = self._vhost.enter_context(private_vhost("chaos"))
-            self.proxy = TcpProxy(RABBITMQ_HOST, RABBITMQ_PORT)
-        except BaseException:
-            self._vhost.close()
-            raise
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.proxy.port}/{self.vhost}"
+    def __init__(self, log_dir: Path) -> None:
+        self._node = contextlib.ExitStack()
+        self.node = self._node.enter_context(private_rabbitmq(log_dir))
+        self.url = self.node.url
 
     def queued(self) -> dict[str, int]:
-        """Ready and unacknowledged messages per queue of the run's vhost, right now."""
-        try:
-            done = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", self.vhost, "--no-table-headers",
-                                   "name", "messages_ready", "messages_unacknowledged"],
-                                  capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return {f"unreadable ({type(error).__name__})": 0}
-        counts: Counter[str] = Counter()
-        for line in done.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0].startswith("dispatcher.") and parts[1].isdigit() and parts[2].isdigit():
-                counts[parts[0]] += int(parts[1])
-                counts["unacked"] += int(parts[2])
-        return dict(counts)
+        return self.node.queued()
 
     def restart(self, down_s: float) -> None:
-        self.proxy.cut()
+        self.node.kill()
         time.sleep(down_s)
-        self.proxy.restore()
+        self.node.start()
 
     def close(self) -> None:
-        self.proxy.close()
-        self._vhost.close()
+        self._node.close()
 
 
 # --- the stack ------------------------------------------------------------------------------
@@ -368,7 +345,7 @@ def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
     log_dir.mkdir(parents=True, exist_ok=True)
     private = PrivateRedis(log_dir)
     private.start()
-    broker: RedisBroker | RabbitBroker = RedisBroker(private) if config.broker == "redis" else RabbitBroker()
+    broker: RedisBroker | RabbitBroker = RedisBroker(private) if config.broker == "redis" else RabbitBroker(log_dir)
     try:
         with private_postgres() as postgres, running_sandbox(sandbox_config(config.seed)) as sandbox:
             database_url = postgres.url
@@ -603,14 +580,14 @@ class Controller(threading.Thread):
         if broker.kind == "redis":
             self._note(f"Redis killed with {self.log.broker_queued} queued and unacknowledged tasks, down {down_s:.1f}s")
         else:
-            self._note(f"RabbitMQ 'restart': every connection dropped and new ones refused for {down_s:.1f}s; "
-                       f"it held {self.log.broker_queued} (kept, the unacknowledged requeued)")
+            self._note(f"RabbitMQ killed (SIGKILL) with {self.log.broker_queued} queued and unacknowledged, "
+                       f"down {down_s:.1f}s before its start")
         begun = time.monotonic()
         self.log.broker_restarted_at = time.time()
         broker.restart(down_s)
         self.log.broker_restarts += 1
         self.log.broker_down_s = time.monotonic() - begun
-        self._note("Redis started again (empty)" if broker.kind == "redis" else "RabbitMQ accepts connections again")
+        self._note("Redis started again (empty)" if broker.kind == "redis" else "RabbitMQ started again on its data")
 
     def _restart_postgres(self) -> None:
         down_s = self.rng.uniform(*POSTGRES_DOWN_S)
