@@ -1,11 +1,11 @@
 """The fault-injection run behind ``tests/chaos/test_chaos.py`` and ``scripts/chaos``.
 
 One run: the sandbox (with 5xx, 429, dropped responses and unruly webhooks), the webhook receiver,
-two outcome consumers, three send workers, beat, a private Redis (the shared limiter, and the
+two outcome consumers, three send workers, the relay (the maintenance queue's worker), beat, a private Redis (the shared limiter, and the
 broker on ``redis``), a RabbitMQ node of the run's own (the broker on ``rabbitmq``) and a private
 PostgreSQL server, all real processes on 127.0.0.1. While the
-notifications are handed over, a controller thread SIGKILLs workers, consumers, beat and the
-receiver at moments drawn from ``random.Random(seed)``, loses one send worker for good, restarts
+notifications are handed over (as fast as the senders take them), a controller thread SIGKILLs
+workers, consumers, the relay, beat and the receiver at moments drawn from ``random.Random(seed)``, loses one send worker for good, restarts
 PostgreSQL and the broker once each, and plays the supervisor. When everything has settled, the
 dispatcher's store is checked against the sandbox's own record of messages.
 

@@ -1,8 +1,8 @@
 """Proof under fire: notifications through every real process while a seeded controller kills
-workers, consumers, beat and the receiver, loses a send worker for good, restarts PostgreSQL and
-the broker, and the sandbox misbehaves; then the dispatcher's store is checked against the
-sandbox's own record. On Redis (500 notifications, 50 kills) and on RabbitMQ (300, 30: issue
-22). See docs/chaos.md.
+send workers, consumers, the relay, beat and the receiver, loses a send worker for good, restarts
+PostgreSQL and the broker, and the sandbox misbehaves, all at the settings a user deploys; then
+the dispatcher's store is checked against the sandbox's own record. On Redis (500 notifications,
+50 kills) and on RabbitMQ (300, 30: issue 22). See docs/chaos.md.
 
     .venv/bin/pytest tests/chaos -q                      # a fresh seed, printed
     CHAOS_SEED=123 .venv/bin/pytest tests/chaos -q -k rabbitmq   # replay the seed's random choices
