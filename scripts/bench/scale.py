@@ -25,6 +25,8 @@ Redis of the run's own and a fresh PostgreSQL database, at each size in turn:
      statuses (an hour's worth at 1,000 an hour), and 5 known contacts no attempt names any more.
 
    Publishes go to the run's Redis through the dispatcher's ``CeleryEnqueuer``, as beat's worker does.
+   Beside them, twice: a scrape of the store's gauges (``dispatcher.metrics.NotificationStates``,
+   which each worker node's metrics port and the receiver's ``/metrics`` count when scraped).
 4. **The plans**: every statement the planted runs executed is explained with ``EXPLAIN (ANALYZE,
    BUFFERS)`` in a transaction that is rolled back, with due rows planted as for the run; the
    sequential scans of the large tables are listed. ``--explain FILE`` writes the plans of the
@@ -188,6 +190,19 @@ def plant_retention(engine: Any, number: int, contacts: int, account_id: int) ->
 
 
 # --- running and explaining ---------------------------------------------------------------------
+
+
+def scrape(context: Any) -> dict[str, Any]:
+    """One scrape of the store's gauges (``dispatcher_notifications{state}`` and the set-aside counts),
+    which every worker node's main process and the receiver count in the store when scraped."""
+    from dispatcher.metrics import NotificationStates
+
+    families = {family.name: family for family in NotificationStates(context.sessions).collect()}
+    up = families["dispatcher_store_up"].samples[0].value
+    if not up:
+        raise RuntimeError("the scrape's count failed: dispatcher_store_up 0")
+    return {"store_up": up, "states": {sample.labels["state"]: sample.value
+                                       for sample in families["dispatcher_notifications"].samples}}
 
 
 def timed_run(clock: DriverClock, log: StatementLog | None, run: Callable[[], Any]) -> dict[str, Any]:
@@ -407,9 +422,12 @@ def main() -> int:
                         captured = log.take()
                 sweeps[name] = {"idle": idle, "planted": summarise(planted_runs)}
             quiet(engine)
+            scrapes = [timed_run(clock, log if i == 0 else None, lambda: scrape(context)) for i in range(2)]
+            plans["metrics_scrape"] = explain(engine, log.take(), args.explain_timeout)
             loads[f"{rows} measured"] = load_average()
             sizes.append({**filled, "contacts": contacts, "send": send, "send_baseline": beside, "sweeps": sweeps,
-                          "plans": plans, "seconds": round(time.perf_counter() - size_started, 1)})
+                          "metrics_scrape": summarise(scrapes), "plans": plans,
+                          "seconds": round(time.perf_counter() - size_started, 1)})
 
     first, last = sizes[0], sizes[-1]
 
@@ -430,6 +448,7 @@ def main() -> int:
         # the same store measured at its first and its last size, minutes apart (neighbours change)
         "send_db_ms_across_sizes": ratio(last["send"]["db_ms_per_send"], first["send"]["db_ms_per_send"]),
     }
+    ratios["metrics_scrape_wall"] = ratio(last["metrics_scrape"]["wall_ms_median"], first["metrics_scrape"]["wall_ms_median"])
     for name in last["sweeps"]:
         for kind in ("idle", "planted"):
             a, b = last["sweeps"][name][kind], first["sweeps"][name][kind]
