@@ -2,8 +2,9 @@
 
 In one process, against the sandbox and a fresh PostgreSQL database: ``--contacts`` contacts
 are warmed (contact, source_id and conversation stored), then the store is filled with SQL
-(``INSERT ... SELECT generate_series``: notifications and their attempts, read long ago, no
-payloads, as a busy store holds them) up to 10,000 rows, analysed, and ``--sends`` new
+(``INSERT ... SELECT generate_series``: notifications and their attempts, settled one to 29
+days ago in the mix a stock workspace leaves, no payloads, as a busy store holds them within its
+retention period) up to 10,000 rows, analysed, and ``--sends`` new
 notifications for the known contacts are handed over (not timed) and sent by calling
 ``dispatcher.sending.send.send_notification`` in a loop (the warm path a worker runs). Then the store is
 filled up to 1,000,000 rows and the same is measured again.
@@ -14,6 +15,9 @@ is 1M / 10k (target: at most 1.2). A cProfile of the warm path at 10k rows (``--
 sends) says where a send's time goes: it is the profile for the warm-path throughput figure.
 
     .venv/bin/python scripts/bench/db_cost.py --sends 1000 --sizes 10000 1000000
+
+``scripts/bench/scale.py`` takes the same fill to 10,000,000 rows, with the webhook deliveries,
+applied statuses and known contacts beside them, and measures the beat sweeps as well.
 """
 
 from __future__ import annotations
