@@ -269,6 +269,42 @@ def explain(engine: Any, statements: list[tuple[str, Any]], timeout_s: int) -> l
     return plans
 
 
+_PLACEHOLDERS = re.compile(r"%\((\w+?)_\d+\)s(::\w+)?(?:, %\(\1_\d+\)s(?:::\w+)?){9,}")
+_TUPLE = r"\((?:[^()]|%\(\w+\)s)*\)"  # a row of values, placeholders included
+_ROWS = re.compile(rf"(VALUES {_TUPLE})((?:, {_TUPLE}){{9,}})")
+_ARRAYS = re.compile(r"'\{([^{}']{120,})\}'")
+
+
+def shorten(text: str) -> str:
+    """A statement or plan with its long lists of IDs cut: ``%(id_1_1)s, ... (1,000 values)``."""
+    def placeholders(found: re.Match[str]) -> str:
+        count = found.group(0).count("%(")
+        return f"%({found.group(1)}_1)s{found.group(2) or ''}, ... ({count:,} values)"
+
+    def array(found: re.Match[str]) -> str:
+        values = found.group(1).split(",")
+        return "'{" + ",".join(values[:3]) + f",... ({len(values):,} values)" + "}'"
+
+    def rows(found: re.Match[str]) -> str:
+        return f"{found.group(1)}, ... ({found.group(2).count(', (') + 1:,} rows)"
+
+    return _ARRAYS.sub(array, _ROWS.sub(rows, _PLACEHOLDERS.sub(placeholders, text)))
+
+
+def write_explain(path: str, size: dict[str, Any], started_at: str) -> None:
+    """The plans of one size, as text: each statement (lists of IDs cut), then its plan."""
+    with open(path, "w") as out:
+        out.write(f"# EXPLAIN (ANALYZE, BUFFERS) of the sweeps' statements at {size['rows']:,} notification rows\n")
+        out.write(f"# scripts/bench/scale.py, run started {started_at}; rows due planted as for the measured runs,\n"
+                  "# each statement run in a transaction rolled back; long lists of IDs cut\n\n")
+        for name, entries in size["plans"].items():
+            for entry in entries:
+                out.write(f"## {name}: {shorten(entry['statement'])}\n\n")
+                if entry.get("error"):
+                    out.write(f"({entry['error']}; the plan without ANALYZE)\n")
+                out.write(shorten(entry["plan"]) + "\n\n")
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [run for run in runs if run["error"] is None]
     pick = ok or runs
@@ -457,15 +493,7 @@ def main() -> int:
             ratios[f"{name}_{kind}_wall"] = ratio(a[wall], b[wall])
             ratios[f"{name}_{kind}_db"] = ratio(a[db], b[db])
     if args.explain:
-        with open(args.explain, "w") as out:
-            out.write(f"# EXPLAIN (ANALYZE, BUFFERS) of the sweeps' statements at {last['rows']:,} notification rows\n")
-            out.write(f"# scripts/bench/scale.py, {started_at}; rows due planted as for the measured runs\n\n")
-            for name, entries in last["plans"].items():
-                for entry in entries:
-                    out.write(f"## {name}: {entry['statement']}\n\n")
-                    if entry.get("error"):
-                        out.write(f"({entry['error']}; the plan without ANALYZE)\n")
-                    out.write(entry["plan"] + "\n\n")
+        write_explain(args.explain, last, started_at)
     emit({
         "benchmark": "warm send and beat sweeps by rows stored (in-process)",
         "started_at": started_at,
