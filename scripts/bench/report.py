@@ -425,8 +425,9 @@ def _details(results: dict[str, Any]) -> list[str]:
     if db:
         out += ["### 6. Per-send database cost with 10,000 and with 1,000,000 notification rows", ""] + _run_line(b["db_cost"])
         out += ["In one process: the warm path (`dispatcher.sending.send.send_notification`) called in a loop against the sandbox;"
-                " the store filled with SQL (`INSERT ... SELECT generate_series`: notifications and attempts, read long ago,"
-                " no payloads) and analysed before each size. Database time is measured at the driver boundary (statement"
+                " the store filled with SQL (`INSERT ... SELECT generate_series`: notifications and their attempts, settled"
+                " one to 29 days ago in the mix a stock workspace leaves (read, delivered, fallen back), no payloads) and"
+                " analysed before each size. Database time is measured at the driver boundary (statement"
                 " execution, commits, pool pings); each figure is the median of the rounds.", "",
                 "| rows stored | database size | fill time | sends | DB ms per send (rounds) | statements / commits per send | wall ms per send (median) |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
