@@ -73,6 +73,8 @@ SENDABLE_ATTEMPT_STATES = frozenset({AttemptState.QUEUED, AttemptState.IN_FLIGHT
 SETTLED_NOTIFICATION_STATES = frozenset(
     {NotificationState.DELIVERED, NotificationState.READ, NotificationState.FAILED, NotificationState.CANCELLED}
 )
+# Everything else: what the sweeps may still have to repair (few at any moment; found by the state index).
+UNSETTLED_NOTIFICATION_STATES = frozenset(NotificationState) - SETTLED_NOTIFICATION_STATES
 SENDABLE_NOTIFICATION_STATES = frozenset(
     {NotificationState.QUEUED, NotificationState.SENDING, NotificationState.FALLING_BACK}
 )

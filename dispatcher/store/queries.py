@@ -22,6 +22,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import (
     AFTER_DECISION_PURPOSES,
     SENDABLE_NOTIFICATION_STATES,
+    UNSETTLED_NOTIFICATION_STATES,
     AttemptState,
     NotificationState,
 )
@@ -718,9 +719,14 @@ def undecided_failures(session: Session, *, failed_before: datetime | None, limi
                 Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & Notification.fallback_decision.is_(None),
                 Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)),
             ),
-            # ended: a cancel fails the current attempt and needs no decision (else every sweep
-            # would take it again, and a hundred cancels would crowd the real repairs out)
-            Notification.state.not_in([NotificationState.FAILED, NotificationState.CANCELLED]),
+            # Open notifications only. Failed or cancelled ones are ended (a cancel fails the current
+            # attempt and needs no decision: else every sweep would take it again, and a hundred
+            # cancels would crowd the real repairs out); a delivered or read one never has a failed
+            # current attempt (a failure report after delivery is ignored). Naming the few open
+            # states, not excluding the ended ones, lets the state index find them: a store's
+            # failed attempts are kept for its whole retention (700,000 at 10 million rows, read
+            # in 2.3 s every pass before, issue 20's 10x run).
+            Notification.state.in_(sorted(UNSETTLED_NOTIFICATION_STATES)),
             Notification.workspace == workspace,
         )
         .order_by(Attempt.updated_at)
