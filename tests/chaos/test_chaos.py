@@ -453,6 +453,7 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"by kind (a worker with its pool) {report['peaks']['worker_rss_mb']} MB, all together "
         f"{report['peaks']['total_rss_mb']} MB, store connections {report['peaks']['db_connections']} "
         f"({report['peaks']['db_active']} active) over {report['peaks']['samples']} samples",
+        f"the node lost for good: {report.get('handoff', {})}",
         f"violations {report['violations'] or 'none'}",
         f"runtime {report['timings']} s",
     ]

@@ -37,6 +37,8 @@ NOT_RUN = {
                      "tests/unit/test_bench_hygiene.py checks each script's options",
     "embedded-broker.md": "a benchmark (scripts/bench/embedded_broker.py), run by scripts/bench/all",
     "chaos.md": "chaos runs take minutes; the README's test command runs tests/chaos itself",
+    "scaling.md": "benchmarks that run for minutes (scripts/bench/scale.py about 20 at 10 million rows) and the "
+                  "chaos runs; tests/unit/test_bench_hygiene.py checks each script's options",
     "simulation.md": "thousands of seeds over every core, or mutation runs, for minutes to hours; the README's test "
                      "command runs tests/simulation (its seeds, the regression seeds and the exhaustive worlds)",
     "tracing.md": "installs packages and exports to an OpenTelemetry collector this machine does not run; "
