@@ -1,6 +1,7 @@
 """A private RabbitMQ node (tests/support/rabbitmq_node.py) restarts for real: what a durable
 queue held is there after a crash, a delivery left unacknowledged by the crash comes again, and
-the machine's RabbitMQ on 5672 carries on untouched. Real processes, no mocks.
+the machine's RabbitMQ on 5672 carries on untouched; and what the dispatcher's enqueuer reports
+published survives a crash right after it (publisher confirms). Real processes, no mocks.
 """
 
 from __future__ import annotations
@@ -122,3 +123,33 @@ def test_a_node_does_not_outlive_its_test_process() -> None:
             time.sleep(0.1)
     finally:
         shutil.rmtree(root_text, ignore_errors=True)  # what a dead process could not remove
+
+
+def test_a_send_the_enqueuer_reports_published_survives_a_node_crash_right_after(tmp_path: Path) -> None:
+    """The crash issue 20's CI run met: a send task handed straight to a waiting worker, the node
+    killed before it wrote the message. Without publisher confirms none of such a burst comes
+    back (dispatcher/queues.py); with them, every ID enqueue_send reports published is on disk."""
+    from dispatcher.enqueue import CeleryEnqueuer
+    from dispatcher.queues import SEND_QUEUE
+
+    ids = list(range(1, 51))
+    with private_rabbitmq(log_dir=tmp_path) as node:
+        enqueuer = CeleryEnqueuer(node.url)
+        worker = Connection(node.url, connect_timeout=5)
+        try:
+            held: list[object] = []
+            channel = worker.channel()
+            channel.basic_qos(0, len(ids), False)
+            queue = Queue(SEND_QUEUE, durable=True, auto_delete=False)(channel)
+            queue.declare()
+            queue.consume(callback=held.append)  # a worker that takes every task and acknowledges none
+
+            assert enqueuer.enqueue_send(ids) == ids
+            while len(held) < len(ids):  # delivered, not acknowledged: what a crash must not lose
+                worker.drain_events(timeout=5)
+            node.kill()
+        finally:
+            worker.collect()
+            enqueuer.close()
+        node.start()
+        assert node.queued() == {SEND_QUEUE: len(ids), "unacked": 0}

@@ -193,3 +193,12 @@ def test_the_defaults_bring_a_lost_workers_tasks_back_within_a_minute(env: pytes
     # RabbitMQ, SQLAlchemy and the file broker get none of the Redis options.
     for url in ("amqp://guest:guest@127.0.0.1:5672//", "sqla+sqlite:///x.sqlite"):
         assert "unacked_restore_interval" not in broker_transport_options(url)
+
+
+def test_rabbitmq_publishes_wait_for_the_node_to_confirm_them() -> None:
+    from dispatcher.queues import broker_transport_options
+
+    for url in ("amqp://guest:guest@127.0.0.1:5672//", "amqps://broker.example/vhost", "pyamqp://127.0.0.1//"):
+        assert broker_transport_options(url) == {"confirm_publish": True}
+    for url in ("redis://127.0.0.1:6379/0", "sqla+sqlite:///x.sqlite", "filesystem:///tmp/broker"):
+        assert "confirm_publish" not in broker_transport_options(url)
