@@ -701,6 +701,10 @@ def _tree_rss_mb(pid: int) -> float:
 LOST_NODE_BOUND_S = 60.0
 CELERY_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/[\w-]+\] Task (dispatcher\.\w+)\[([0-9a-f-]+)\] "
                          r"(received|succeeded|retry:|raised)")
+# Celery's consumer on its broker connection dropping (the broker's restart): it forgets the tasks it
+# had taken and not started, and the acknowledgements of those running can no longer go out.
+CONNECTION_LOST_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/MainProcess\] consumer: "
+                                  r"Connection to broker lost")
 
 
 @dataclass
@@ -710,10 +714,18 @@ class Handoff:
     held: int = 0  # taken by it (received), neither finished nor retried there, nor taken by another since
     taken_over: list[float] = field(default_factory=list)  # seconds from the loss until another worker took each
     gone_with_broker: int = 0  # Redis restarted before another worker took them: the sweeps redo their work
+    # taken before the lost worker's broker connection dropped (the broker's restart), unfinished:
+    # from that moment the broker's, not the worker's (RabbitMQ requeues them; what the node had not
+    # written yet its publisher, told by the missing confirm, publishes again); checks 1-6 judge them
+    given_back_at_broker_loss: int = 0
     never_taken: list[str] = field(default_factory=list)  # task IDs no other worker took, the broker kept
 
     def within_bound(self) -> bool:
         return not self.never_taken and all(delay <= LOST_NODE_BOUND_S for delay in self.taken_over)
+
+
+def _log_moment(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
 
 
 def _celery_events(path: Path) -> list[tuple[float, str, str]]:
@@ -722,9 +734,14 @@ def _celery_events(path: Path) -> list[tuple[float, str, str]]:
     for line in path.read_text(errors="replace").splitlines():
         match = CELERY_LINE.match(line)
         if match:
-            moment = time.mktime(time.strptime(match.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + int(match.group(1)[20:]) / 1000
-            found.append((moment, match.group(3), match.group(4)))
+            found.append((_log_moment(match.group(1)), match.group(3), match.group(4)))
     return found
+
+
+def _connection_losses(path: Path) -> list[float]:
+    """When a worker's connection to the broker dropped, from its log."""
+    return [_log_moment(match.group(1)) for match in map(CONNECTION_LOST_LINE.match, path.read_text(errors="replace").splitlines())
+            if match]
 
 
 def lost_node_handoff(log_dir: Path, log: ChaosLog, broker_kind: str) -> Handoff:
@@ -750,9 +767,13 @@ def lost_node_handoff(log_dir: Path, log: ChaosLog, broker_kind: str) -> Handoff
         for moment, task_id, what in _celery_events(path):
             if what == "received" and task_id in pending:
                 elsewhere[task_id].append(moment)
+    losses = _connection_losses(incarnations[-1])
     for task_id, taken in pending.items():
         if any(taken <= moment <= log.lost_at for moment in elsewhere[task_id]):
             continue  # handed back before the loss (its pool process was killed earlier)
+        if any(taken <= moment <= log.lost_at for moment in losses):
+            handoff.given_back_at_broker_loss += 1
+            continue
         handoff.held += 1
         later = [moment for moment in elsewhere[task_id] if moment > log.lost_at]
         if later:

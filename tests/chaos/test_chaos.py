@@ -143,11 +143,14 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                              intake, sampler.peaks)
             report["handoff"] = {"held": handoff.held, "taken_over_max_s": max(handoff.taken_over, default=None),
                                  "taken_over": len(handoff.taken_over), "gone_with_broker": handoff.gone_with_broker,
+                                 "given_back_at_broker_loss": handoff.given_back_at_broker_loss,
                                  "never_taken": len(handoff.never_taken)}
             say(f"the node lost for good ({controller.log.lost_for_good}) held {handoff.held} tasks: "
                 f"{len(handoff.taken_over)} taken by other workers within {max(handoff.taken_over, default=0)} s "
                 f"(bound {LOST_NODE_BOUND_S:.0f} s), {handoff.gone_with_broker} gone with the broker's restart "
-                f"(the sweeps redo them), {len(handoff.never_taken)} never taken")
+                f"(the sweeps redo them), {len(handoff.never_taken)} never taken; "
+                f"{handoff.given_back_at_broker_loss} more it had taken were given back to the broker "
+                f"when its connection dropped before")
             for line in _count_lines(report):
                 say(line)
             for key in ("broker", "notifications", "kills", "broker_restarts", "postgres_restarts", "fallbacks",
