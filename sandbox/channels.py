@@ -11,7 +11,12 @@ Rules, checked in this order for an outgoing, non-private message without ``sour
    language -> ``132001``; wrong number of body parameters -> ``132000``;
 2. platform, free text outside the customer-service window -> ``131047``;
 3. recipient rules by phone prefix: ``fail`` with their external_error, ``never_confirm``, or
-   ``regress`` (delivered, then a late ``sent``, then read: the field's out-of-order callbacks).
+   ``regress`` (delivered, then a late ``sent``: the field's out-of-order callbacks; then read,
+   unless the rule says ``then_read = false``: the recipient never opens it, and the stored
+   status stays ``sent`` although the message arrived).
+
+SMS, e-mail and web-session channels never report ``read`` (the SMS provider and the mail server
+know nothing of it): there a message ends ``delivered``. ``CHANNELS_WITHOUT_READ`` names them.
 
 On the platform and SMS channels the provider takes the message first: ``provider_id_after_s``
 after the send, the message gets the provider's id as its ``source_id`` (``wamid.…`` / ``SM…``)
@@ -32,7 +37,15 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sandbox.config import CHANNEL_PLATFORM, CHANNEL_SMS, Behaviour, Inbox, RecipientRule
+from sandbox.config import (
+    CHANNEL_EMAIL,
+    CHANNEL_PLATFORM,
+    CHANNEL_SMS,
+    CHANNEL_WEB_SESSION,
+    Behaviour,
+    Inbox,
+    RecipientRule,
+)
 from sandbox.records import ContactRec, MessageRec
 from sandbox.state import Store
 
@@ -50,6 +63,11 @@ SMS_OPT_IN_WORDS = frozenset({"START", "YES", "UNSTOP"})
 TEMPLATE_SECTIONS = frozenset({"body", "header", "buttons", "footer"})
 # Refused by the provider in its answer to the send, so no provider message id ever exists.
 SYNCHRONOUS_ERRORS = frozenset({ERROR_PARAM_COUNT, ERROR_NO_TEMPLATE, ERROR_THROUGHPUT, ERROR_UNSUBSCRIBED})
+# Channels whose provider never tells that a message was read: delivered is their last status.
+CHANNELS_WITHOUT_READ = frozenset({CHANNEL_SMS, CHANNEL_EMAIL, CHANNEL_WEB_SESSION})
+# Delivery statuses in the order a message reaches them; ``MessageRec.highest_status`` keeps the
+# furthest one, whatever a late callback stores afterwards.
+STATUS_ORDER = ("sent", "delivered", "read")
 
 
 class SlidingWindow:
@@ -108,7 +126,7 @@ def sms_keyword(content: str | None) -> bool | None:
     return None
 
 
-Effect = Literal["progress", "fail", "never_confirm", "regress", "hold"]
+Effect = Literal["progress", "fail", "never_confirm", "regress", "regress_unread", "hold"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,8 @@ class Channels:
         if rule is not None:
             if rule.effect == "fail":
                 return Plan("fail", rule.external_error)
+            if rule.effect == "regress" and not rule.then_read:
+                return Plan("regress_unread")
             return Plan(rule.effect)
         return Plan("progress")
 
@@ -209,7 +229,7 @@ class Channels:
             loop.call_later(delay, self._acknowledge, message, prefix, delay)
         elif message.plan_effect == "fail":
             loop.call_later(max(0.0, self.behaviour.failed_after_s - elapsed_s), self._fail, message)
-        elif message.plan_effect in ("progress", "regress"):
+        elif message.plan_effect in ("progress", "regress", "regress_unread"):
             loop.call_later(max(0.0, self.behaviour.delivered_after_s - elapsed_s), self._advance, message, "delivered")
 
     def _acknowledge(self, message: MessageRec, prefix: str, elapsed_s: float) -> None:
@@ -237,20 +257,36 @@ class Channels:
 
     def _after_delivered(self, message: MessageRec) -> None:
         loop = asyncio.get_running_loop()
-        if message.plan_effect == "regress":
-            loop.call_later(self.behaviour.read_after_s / 2, self._regress, message)
-        else:
+        if message.plan_effect in ("regress", "regress_unread"):
+            loop.call_later(self._late_sent_after_s(), self._regress, message)
+        elif self._reports_read(message):
             loop.call_later(self.behaviour.read_after_s, self._advance, message, "read")
 
+    def _late_sent_after_s(self) -> float:
+        """When the late ``sent`` follows ``delivered``: the setting, else half of read_after_s."""
+        late = self.behaviour.late_sent_after_s
+        return self.behaviour.read_after_s / 2 if late is None else late
+
+    def _reports_read(self, message: MessageRec) -> bool:
+        return self.store.inboxes[message.inbox_id].channel_type not in CHANNELS_WITHOUT_READ
+
     def _regress(self, message: MessageRec) -> None:
-        """A late ``sent`` callback after ``delivered``: the stored status goes back, as in the field."""
+        """A late ``sent`` callback after ``delivered``: the stored status goes back, as in the field.
+        Then read, ``read_after_s`` after delivered (at once if the late ``sent`` came later), unless
+        the recipient never opens it (``regress_unread``) or the channel never reports it."""
         if self.cancelled or message.status != "delivered":
             return
-        message.plan_effect = "progress"  # once: after a restart it is not played again
+        reads = message.plan_effect == "regress" and self._reports_read(message)
+        message.plan_effect = "progress" if reads else "hold"  # once: after a restart it is not played again
         self._set(message, "sent")
-        asyncio.get_running_loop().call_later(self.behaviour.read_after_s / 2, self._advance, message, "read")
+        if reads:
+            rest_s = max(0.0, self.behaviour.read_after_s - self._late_sent_after_s())
+            asyncio.get_running_loop().call_later(rest_s, self._advance, message, "read")
 
     def _set(self, message: MessageRec, status: str) -> None:
+        if status in STATUS_ORDER and (message.highest_status not in STATUS_ORDER
+                                       or STATUS_ORDER.index(status) > STATUS_ORDER.index(message.highest_status)):
+            message.highest_status = status
         message.status = status
         message.updated_at = self.store.clock()
         self.store.save_message(message)

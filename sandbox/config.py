@@ -102,13 +102,22 @@ class Contact(_Strict):
 class RecipientRule(_Strict):
     """Outcome for outgoing messages to phones starting with ``phone_prefix`` on ``inbox_ids``.
 
-    ``regress``: delivered, then a late ``sent`` (the provider's callbacks out of order), then read.
+    ``regress``: delivered, then a late ``sent`` (the provider's callbacks out of order), then read;
+    with ``then_read = false`` nothing follows the late ``sent``: the recipient has the message, the
+    workspace says ``sent`` for good.
     """
 
     phone_prefix: str
     inbox_ids: list[int] = []
     effect: Literal["fail", "never_confirm", "regress"] = "fail"
     external_error: str = "131026: Message undeliverable"
+    then_read: bool = True
+
+    @model_validator(mode="after")
+    def _read_only_after_regress(self) -> RecipientRule:
+        if not self.then_read and self.effect != "regress":
+            raise ValueError("then_read = false applies to effect = \"regress\" only")
+        return self
 
 
 class Behaviour(_Strict):
@@ -121,6 +130,8 @@ class Behaviour(_Strict):
     over_send_cap: Literal["reject", "fail"] = "reject"
     contact_search_per_minute: int = Field(100, ge=0, description="0 = unlimited; default from the profile")
     provider_id_after_s: float = Field(0.05, ge=0, description="platform/SMS: provider message id announced")
+    # The regress rule's late ``sent``, this long after ``delivered``; unset: half of read_after_s.
+    late_sent_after_s: float | None = Field(None, ge=0, description="regress: the late sent after delivered")
     random_seed: int = 20240601
 
 

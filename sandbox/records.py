@@ -88,6 +88,9 @@ class MessageRec:
     updated_at: float = 0.0
     plan_effect: str = "hold"  # what the channel does with it (channels.Plan), kept for a restart
     plan_error: str | None = None
+    # The furthest delivery status it reached (sent < delivered < read), whatever a late callback
+    # stored after it: what its recipient really got. Only the inspection endpoint shows it.
+    highest_status: str | None = None
 
     @property
     def external_error(self) -> str | None:

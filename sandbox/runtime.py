@@ -209,6 +209,7 @@ class Sandbox:
             "template_name": template.get("name"),
             "template_language": template.get("language"),
             "status": message.status,
+            "highest_status": message.highest_status or message.status,
             "external_error": message.external_error,
             "source_id": message.source_id,
             "dispatched": message.dispatched,

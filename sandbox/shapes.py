@@ -200,7 +200,15 @@ def conversation_event(store: Store, conversation: ConversationRec) -> dict[str,
         "created_at": int(conversation.created_at),
         "timestamp": int(conversation.last_activity_at),
         "last_activity_at": int(conversation.last_activity_at),
+        # A message's change touches its conversation (the service's messages belong to it with
+        # ``touch: true``), so two updates of one message never carry the same conversation.
+        "updated_at": conversation_updated_at(store, conversation),
     }
+
+
+def conversation_updated_at(store: Store, conversation: ConversationRec) -> float:
+    """When the conversation or one of its messages last changed (unix seconds, as a float)."""
+    return max([conversation.created_at, *(store.messages[i].updated_at for i in conversation.message_ids)])
 
 
 def event_sender(store: Store, message: MessageRec, dialect: Profile) -> dict[str, Any] | None:

@@ -34,11 +34,25 @@ def listed(api: Api, conversation_id: int, message_id: int) -> dict:
 
 
 def test_outgoing_message_goes_sent_delivered_read(fast_api: Api, fast_sandbox: SandboxProcess) -> None:
-    conv = fast_api.conversation(2, phone_number="+15557000001")
+    conv = fast_api.conversation(5, phone_number="+15557000001")  # an API inbox: its channel reports read
     message = fast_api.send(conv["id"], {"content": "Your results are ready."}).json()
     assert message["status"] == "sent"
     final_message(fast_sandbox, message["id"], status="read")  # the order is checked by webhook tests
     assert listed(fast_api, conv["id"], message["id"])["status"] == "read"
+
+
+@pytest.mark.parametrize(("inbox_id", "contact"), [(2, {"phone_number": "+15557000011"}),
+                                                   (3, {"email": "delivered-only@example.com"})])
+def test_sms_and_email_end_delivered_never_read(fast_api: Api, fast_sandbox: SandboxProcess, inbox_id: int,
+                                                contact: dict[str, str]) -> None:
+    """The SMS provider and the mail server know nothing of a read: delivered is the last status."""
+    conv = fast_api.conversation(inbox_id, **contact)
+    message = fast_api.send(conv["id"], {"content": "Your results are ready."}).json()
+    other = fast_api.conversation(5, phone_number="+15557000012")
+    later = fast_api.send(other["id"], {"content": "b"}).json()
+    final_message(fast_sandbox, message["id"], status="delivered")
+    final_message(fast_sandbox, later["id"], status="read")  # sent after it, and read: well past every delay
+    assert listed(fast_api, conv["id"], message["id"])["status"] == "delivered"
 
 
 def test_recipient_rule_fails_with_external_error_in_both_places(fast_api: Api, fast_sandbox: SandboxProcess) -> None:
@@ -52,7 +66,7 @@ def test_recipient_rule_fails_with_external_error_in_both_places(fast_api: Api, 
     # The rule is the platform's ("not on the platform"): SMS to the same number is delivered
     sms = fast_api.conversation(2, phone_number="+15550101235")  # same prefix, its own contact
     delivered = fast_api.send(sms["id"], {"content": "Reminder"}).json()
-    final_message(fast_sandbox, delivered["id"], status="read")
+    final_message(fast_sandbox, delivered["id"], status="delivered")
 
 
 def test_never_confirmed_recipient_stays_sent(fast_api: Api, fast_sandbox: SandboxProcess) -> None:
@@ -60,7 +74,7 @@ def test_never_confirmed_recipient_stays_sent(fast_api: Api, fast_sandbox: Sandb
     normal = fast_api.conversation(2, phone_number="+15550301234")
     stuck = fast_api.send(never["id"], {"content": "a"}).json()
     moving = fast_api.send(normal["id"], {"content": "b"}).json()
-    final_message(fast_sandbox, moving["id"], status="read")  # well past every configured delay
+    final_message(fast_sandbox, moving["id"], status="delivered")  # well past every configured delay
     assert message_status(fast_sandbox, stuck["id"]) == "sent"
 
 
@@ -139,7 +153,7 @@ def test_outgoing_message_with_source_id_is_stored_but_never_sent(fast_api: Api,
     conv = fast_api.conversation(2, phone_number="+15557000008")
     echo = fast_api.send(conv["id"], {"content": "echo", "source_id": "wamid.123"}).json()
     normal = fast_api.send(conv["id"], {"content": "normal"}).json()
-    final_message(fast_sandbox, normal["id"], status="read")
+    final_message(fast_sandbox, normal["id"], status="delivered")
     row = next(m for m in fast_sandbox.messages() if m["id"] == echo["id"])
     assert (row["status"], row["dispatched"], row["source_id"]) == ("sent", False, "wamid.123")
 

@@ -77,7 +77,7 @@ def test_commit_then_drop_closes_without_a_response_but_keeps_the_message(api: A
     listed = api.get(f"/conversations/{conv['id']}/messages").json()["payload"]
     assert [m["content"] for m in listed] == ["did it go?"]  # the client can find it before resending
     assert sandbox.stats()["faults"]["createMessage"] == {"drop": 1}
-    assert wait_for(lambda: sandbox.messages(conversation_id=conv["id"])[0]["status"] == "read", timeout_s=5)
+    assert wait_for(lambda: sandbox.messages(conversation_id=conv["id"])[0]["status"] == "delivered", timeout_s=5)
 
 
 def test_commit_then_hang_until_the_client_times_out(api: Api, sandbox: SandboxProcess) -> None:

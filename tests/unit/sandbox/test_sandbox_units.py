@@ -72,6 +72,9 @@ def test_default_seed_is_exactly_what_the_dispatcher_example_relies_on() -> None
     rules = [(r.phone_prefix, r.inbox_ids, r.effect, r.external_error) for r in cfg.recipient_rules]
     assert rules[0] == ("+1555010", [1], "fail", "131026: Message undeliverable")
     assert rules[1][:3] == ("+1555020", [1, 2], "never_confirm")
+    regressing = [(r.phone_prefix, r.effect, r.then_read) for r in cfg.recipient_rules if r.effect == "regress"]
+    assert regressing == [("+1555070", "regress", True), ("+1555071", "regress", False)]
+    assert cfg.behaviour.late_sent_after_s is None  # today's timing: half of read_after_s
     assert cfg.contacts == [] and cfg.faults == {}
 
 
@@ -99,6 +102,9 @@ def test_a_file_with_accounts_replaces_the_whole_seed() -> None:
         "[faults.sendEverything]\nlatency_s = 1\n",
         "[faults.createMessage]\nserver_error_share = 1.5\n",
         'accounts = [{id = 1, name = "A"}]\ntokens = [{token = "t", accounts = [2]}]\ninboxes = []\n',
+        'accounts = [{id = 1, name = "A"}]\ntokens = [{token = "t", accounts = [1]}]\ninboxes = []\n'
+        'recipient_rules = [{phone_prefix = "+1", effect = "never_confirm", then_read = false}]\n',
+        "[behaviour]\nlate_sent_after_s = -0.1\n",
     ],
 )
 def test_invalid_configs_are_rejected(text: str) -> None:
