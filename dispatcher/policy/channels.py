@@ -25,7 +25,24 @@ from typing import Any, Protocol
 from dispatcher.errors import InvalidEvent
 from dispatcher.settings import ChannelKind
 
-__all__ = ["MessageKind", "TemplateRef", "choose_message_kind", "template_params"]
+__all__ = ["CHANNELS_REPORTING_READ", "MessageKind", "TemplateRef", "choose_message_kind", "reports_read",
+           "template_params"]
+
+
+# Which channels ever report ``read``. SMS carriers and mail servers know nothing of a read, and
+# the web-session connection reports none either: there ``delivered`` is the last status a message
+# gets, so it ends the read-backs (dispatcher.policy.readback). API inboxes and customer rooms
+# (``other``) may report one: taken as reporting, so that a read is not missed.
+CHANNELS_REPORTING_READ = frozenset({ChannelKind.MESSAGING_PLATFORM, ChannelKind.OTHER})
+
+
+def reports_read(channel: str) -> bool:
+    """Whether a message on ``channel`` (a :class:`ChannelKind` value) may still be read once
+    delivered. An unknown name is taken as reporting: a read-back too many costs less than a read missed."""
+    try:
+        return ChannelKind(channel) in CHANNELS_REPORTING_READ
+    except ValueError:
+        return True
 
 
 class MessageKind(StrEnum):

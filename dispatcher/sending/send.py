@@ -39,7 +39,7 @@ from dispatcher.lifecycle.states import (
 )
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
-from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
+from dispatcher.policy.channels import MessageKind, choose_message_kind, reports_read, template_params
 from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
@@ -733,8 +733,8 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
         store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
         accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
                                 message_id=message.id, state=state, now=now,
-                                next_read_at=next_read_at(state=state, accepted_at=now, now=now,
-                                                          plan=readback_plan_of(ctx.settings)))
+                                next_read_at=next_read_at(state=state, reports_read=reports_read(job.route.channel.value),
+                                                          accepted_at=now, now=now, plan=readback_plan_of(ctx.settings)))
         if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
         # An adopted message may already be delivered or read (its reports came while its send

@@ -144,6 +144,9 @@ class Attempt(Base):
     status_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     next_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # reconciliation's next read; None: none
     last_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its status last read from the message list
+    # The keyed digest of the first update without a failure its message was reported with: a
+    # second, different one means the message moved past sent (docs/tracking.md). No content.
+    first_update_digest: Mapped[str | None] = mapped_column(String(32))
     error_kind: Mapped[str | None] = mapped_column(String(40))
     error_detail: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -523,13 +523,14 @@ class OutcomeAttempt:
     state: str
     purpose: str
     accepted_at: datetime | None
+    channel: str  # what the read-back plan asks: does this channel ever report read?
 
 
 # By message ID: a consumer locks the attempts of a group's messages in the same order as every
 # other (PostgreSQL locks the rows as the sorted rows come out), so two never wait on each other.
 _ATTEMPTS_OF_MESSAGES = select(
     ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.notification_id, ATTEMPTS.c.number, ATTEMPTS.c.state,
-    ATTEMPTS.c.purpose, ATTEMPTS.c.accepted_at,
+    ATTEMPTS.c.purpose, ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel,
 ).where(ATTEMPTS.c.workspace == bindparam("workspace"),
         ATTEMPTS.c.message_id.in_(bindparam("message_ids", expanding=True))).order_by(ATTEMPTS.c.message_id)
 _ATTEMPTS_OF_MESSAGES_LOCKED = _ATTEMPTS_OF_MESSAGES.with_for_update()
@@ -618,6 +619,41 @@ def note_read(session: Session, workspace: str, message_ids: Sequence[int], *, a
     return {row.message_id: (row.id, row.state) for row in rows}
 
 
+# The first clean update's digest is kept; the statement answers the digest kept, this one or an
+# earlier: one round trip, and two consumers of one message cannot both take theirs for the first.
+_NOTE_UPDATE = (update(ATTEMPTS).where(ATTEMPTS.c.id == bindparam("attempt_id"))
+                .values(first_update_digest=func.coalesce(ATTEMPTS.c.first_update_digest, bindparam("digest")))
+                .returning(ATTEMPTS.c.first_update_digest))
+
+
+def note_update(session: Session, attempt_id: int, digest: str) -> bool:
+    """An update of the attempt's message, without a failure, was reported with ``digest``: keep it
+    if it is the first. True when an earlier, different one was kept: two distinct updates."""
+    kept = session.execute(_NOTE_UPDATE, {"attempt_id": attempt_id, "digest": digest}).scalar_one_or_none()
+    return kept is not None and kept != digest
+
+
+def distinct_clean_updates(session: Session, workspace: str, message_id: int) -> int:
+    """How many distinct updates without a failure the workspace reported for the message, among
+    every delivery received (applied or still waiting for a consumer): copies of one delivery count
+    once (their bodies are the same). A delivery stored without a digest counts as its own."""
+    rows = session.execute(select(WebhookDelivery.id, WebhookDelivery.summary).where(
+        WebhookDelivery.workspace == workspace, WebhookDelivery.message_id == message_id,
+        WebhookDelivery.event == "message_updated"))
+    seen: set[str] = set()
+    for row_id, summary in rows:
+        if _clean_update(summary):
+            seen.add(summary.get("body_digest") or f"row {row_id}")
+    return len(seen)
+
+
+def _clean_update(summary: Any) -> bool:
+    """The stored summary (dispatcher.tracking.webhooks.events.EventSummary, as JSON) of an update
+    that reports no failure, of a message not incoming."""
+    return (isinstance(summary, dict) and not summary.get("external_error") and summary.get("status") != "failed"
+            and summary.get("private") is not True and summary.get("message_type") != "incoming")
+
+
 def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> None:
     """When reconciliation reads the attempt back next (None: never again)."""
     session.execute(update(ATTEMPTS).where(ATTEMPTS.c.id == attempt_id).values(next_read_at=at))
@@ -632,6 +668,7 @@ class DueRead:
     conversation_id: int | None
     state: str
     accepted_at: datetime | None
+    channel: str
 
 
 def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: datetime,
@@ -662,10 +699,11 @@ def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: d
     rows = session.execute(
         update(ATTEMPTS).where(ATTEMPTS.c.id.in_(ids)).values(next_read_at=hold_until)
         .returning(ATTEMPTS.c.id, ATTEMPTS.c.message_id, ATTEMPTS.c.conversation_id, ATTEMPTS.c.state,
-                   ATTEMPTS.c.accepted_at)
+                   ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel)
     ).all()
     order = {attempt_id: position for position, attempt_id in enumerate(ids)}
-    return sorted((DueRead(row.id, row.message_id, row.conversation_id, row.state, row.accepted_at) for row in rows),
+    return sorted((DueRead(row.id, row.message_id, row.conversation_id, row.state, row.accepted_at, row.channel)
+                   for row in rows),
                   key=lambda read: order[read.attempt_id])
 
 
@@ -676,6 +714,7 @@ class LateAttempt:
     notification_id: int
     attempt_id: int
     accepted_at: datetime
+    message_id: int | None
 
 
 def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int,
@@ -683,7 +722,7 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
     """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
     fallback decided (the first send, or its resend as a template), oldest first."""
     rows = session.execute(
-        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at)
+        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at, Attempt.message_id)
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
             Attempt.number == Notification.current_attempt,
@@ -697,7 +736,7 @@ def attempts_past_deadline(session: Session, *, route: str, accepted_before: dat
         .order_by(Attempt.accepted_at)
         .limit(limit)
     )
-    return [LateAttempt(notification_id, attempt_id, accepted_at) for notification_id, attempt_id, accepted_at in rows]
+    return [LateAttempt(*row) for row in rows]
 
 
 def undecided_failures(session: Session, *, failed_before: datetime | None, limit: int,

@@ -34,8 +34,9 @@ from dispatcher.lifecycle.states import (
     advance,
     attempt_state_from_status,
 )
+from dispatcher.policy.channels import reports_read
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
-from dispatcher.policy.readback import next_read_at
+from dispatcher.policy.readback import UNCONFIRMED_STATES, next_read_at
 from dispatcher.recipients import keywords, platform, suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.settings import Route
@@ -52,6 +53,9 @@ class Outcome:
     message_id: int
     status: str | None
     external_error: str | None
+    # The keyed digest of the update that brought it, when that update reports no failure
+    # (EventSummary.clean_update): a second, different one tells the message moved past sent.
+    update_digest: str | None = None
 
 
 def fallback_rules(ctx: SendContext) -> FallbackRules:
@@ -70,9 +74,14 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, 
                 mark_processed: MarkProcessed | None = None) -> str:
     """Apply one webhook event summary; return what happened, as a short word for the record.
 
-    An event without a status (a stock workspace's) costs a read of the message list, unless the
-    attempt is settled, or a read made after the event was received (``received_at``) already
-    told what it announces; one read answers every message of ours on the page it returns.
+    An event without a status (a stock workspace's, for a message that is not its conversation's
+    latest) costs a read of the message list: the first one of a message at once, so that a late
+    ``sent`` has the least time to overwrite what it announces; one after a read waits until
+    ``status_read_wait_s`` after that read, so one read answers the burst (raises :class:`Wait`),
+    and none when a read begun after it was received already told what it announces. One read
+    answers every message of ours on the page it returns. Whatever the status read, an update that
+    reports no failure is weighed as evidence: two distinct ones mean the message moved past
+    ``sent`` (docs/tracking.md, "A status the workspace overwrote").
     ``mark_processed``: called inside the transaction that applies the event's own delivery
     state (not a failure, whose decision follows in transactions of its own), so the delivery
     is marked done with it.
@@ -84,28 +93,46 @@ def apply_event(summary: EventSummary, ctx: SendContext, enqueuer: Enqueuer, *, 
     if event not in ("message_created", "message_updated") or summary.message_id is None:
         return "ignored"
     message_id = summary.message_id
-    if summary.status is not None:  # the usual case on the contract's shapes: one transaction applies it
-        return apply_outcome(Outcome(message_id, summary.status, summary.external_error), ctx, enqueuer,
-                             mark_processed=mark_processed)
+    if summary.status is not None:  # the contract's shapes, or a stock event about its conversation's latest message
+        return apply_outcome(Outcome(message_id, summary.status, summary.external_error, summary.clean_update), ctx,
+                             enqueuer, mark_processed=mark_processed)
     with ctx.sessions() as session:
         attempt = store.attempt_by_message(session, ctx.settings.workspace_name, message_id)
     if attempt is None:
         return "ignored_not_ours"
-    # No status in the event (a stock workspace's): what can be learned without a read, else a read.
+    # No status in the event: what can be learned without a read, else a read.
     if event == "message_created":
         return "ignored_no_status"  # our own message announced: nothing new to learn
-    if attempt.state in (AttemptState.READ, AttemptState.FAILED):
+    state = AttemptState(attempt.state)
+    if state in (AttemptState.READ, AttemptState.FAILED) or (
+            state is AttemptState.DELIVERED and not reports_read(attempt.channel)):
         return "settled"  # nothing later can be learned
+    evidence = Outcome(message_id, None, None, summary.clean_update)
     if received_at is not None and attempt.last_read_at is not None and attempt.last_read_at >= received_at:
-        return "known_from_read"  # a read begun after this event arrived already applied its news
+        # a read begun after this event arrived already applied its news
+        return _weigh(evidence, ctx, enqueuer, word="known_from_read")
+    if attempt.last_read_at is not None:
+        wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - attempt.last_read_at).total_seconds()
+        if wait_s > 0:
+            raise Wait(wait_s, "one read of the conversation answers the updates after its last read")
     # Stock releases send no status: read it, from OUR stored conversation, never the payload's.
     found = read_outcomes(ctx, conversation_id=attempt.conversation_id, message_id=message_id)
     mine = found.pop(message_id, None)
     for other in found.values():  # the same read answers our other messages on the page
         apply_outcome(other, ctx, enqueuer)
     if mine is None or mine.status is None:
-        return "no_status"
-    return apply_outcome(mine, ctx, enqueuer, mark_processed=mark_processed)
+        return _weigh(evidence, ctx, enqueuer, word="no_status")
+    return apply_outcome(dataclasses.replace(mine, update_digest=summary.clean_update), ctx, enqueuer,
+                         mark_processed=mark_processed)
+
+
+def _weigh(evidence: Outcome, ctx: SendContext, enqueuer: Enqueuer, *, word: str) -> str:
+    """An update with no status of its own to apply: weigh it as evidence (see :func:`apply_in`);
+    ``word`` unless it shows the message moved past sent."""
+    if evidence.update_digest is None:
+        return word
+    weighed = apply_outcome(evidence, ctx, enqueuer)
+    return weighed if weighed == DELIVERED_BY_EVENTS else word
 
 
 def open_window(summary: EventSummary, ctx: SendContext) -> str:
@@ -311,47 +338,89 @@ def finish_group(session: Session, group: GroupRead) -> None:
     group.drops.clear()
 
 
+# The word of an outcome inferred from the events: two distinct updates without a failure, while
+# the message list says sent (a late ``sent`` overwrote the delivery the workspace had reported).
+DELIVERED_BY_EVENTS = "delivered_by_events"
+
+
 def apply_in(session: Session, outcome: Outcome, ctx: SendContext, group: GroupRead, *,
              mark_processed: MarkProcessed | None = None) -> Applied:
     """The part of :func:`apply_outcome` inside the caller's transaction (the consumer applies many
     outcomes in one): the move, and the applied status and the attempt that :func:`read_group`
-    read into ``group`` (its payload drop is left to :func:`finish_group`). ``mark_processed`` is
+    read into ``group`` (its payload drop is left to :func:`finish_group`); then, for an update
+    that reports no failure, the evidence it gives (:func:`_weigh_update`). ``mark_processed`` is
     called for a move that needs nothing after the transaction."""
     if outcome.external_error:  # whatever brought it (webhook, read-back, an adopted message): no number kept
-        outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error))
-    reported = attempt_state_from_status(outcome.status)
-    now = ctx.clock()
+        outcome = Outcome(outcome.message_id, outcome.status, redacted_error(outcome.external_error),
+                          outcome.update_digest)
     attempt = group.attempts.get(outcome.message_id)
     if attempt is None:
         return Applied("ignored_not_ours")
-    if outcome.status is not None:
-        # the first of the group's copies of a status is the one that applies it, as one after the other
-        new_status = (outcome.message_id, outcome.status) in group.new_statuses
-        group.new_statuses.discard((outcome.message_id, outcome.status))
-        if not new_status:
-            return Applied("duplicate_status")
+    applied = _apply_status(session, outcome, attempt, ctx, group) if outcome.status is not None else Applied("stale")
+    if applied.failed is None and outcome.update_digest is not None:
+        applied = _weigh_update(session, outcome, ctx, group) or applied
+    if mark_processed is not None and applied.failed is None and (
+            applied.word.startswith("applied_") or applied.word == DELIVERED_BY_EVENTS):
+        mark_processed(session, applied.word)
+    return applied
+
+
+def _apply_status(session: Session, outcome: Outcome, attempt: store.OutcomeAttempt, ctx: SendContext,
+                  group: GroupRead) -> Applied:
+    """Move the attempt to the status the outcome reports, once per (message, status), forward only."""
+    # the first of the group's copies of a status is the one that applies it, as one after the other
+    new_status = (outcome.message_id, outcome.status) in group.new_statuses
+    group.new_statuses.discard((outcome.message_id, outcome.status))
+    if not new_status:
+        return Applied("duplicate_status")
     current = AttemptState(attempt.state)
-    new = advance(current, reported)
+    new = advance(current, attempt_state_from_status(outcome.status))
     if new == current:
         return Applied("stale")
-    read_next = next_read_at(state=new, accepted_at=attempt.accepted_at or now, now=now,
-                             plan=readback_plan_of(ctx.settings))
+    if not _move(session, outcome, attempt, current, new, ctx, group):
+        return Applied("stale")  # a concurrent outcome moved it first; its own run carries on from there
+    if new is AttemptState.FAILED:
+        return Applied("failed", FailedAttempt(attempt.notification_id, AttemptPurpose(attempt.purpose),
+                                               outcome.external_error))
+    return Applied(f"applied_{new.value}")
+
+
+def _weigh_update(session: Session, outcome: Outcome, ctx: SendContext, group: GroupRead) -> Applied | None:
+    """An update of the message that reports no failure, while the attempt is still unconfirmed:
+    keep its digest if it is the first; a second, different one means the message changed again
+    after sent without failing, so it moved past sent, whatever the message list says now (the
+    field notes: a status can go from delivered back to sent). Recorded as delivered, never left
+    to the deadline's fallback. None: nothing learnt."""
+    attempt = group.attempts[outcome.message_id]
+    current = AttemptState(attempt.state)
+    if current not in UNCONFIRMED_STATES or outcome.update_digest is None:
+        return None
+    if not store.note_update(session, attempt.id, outcome.update_digest):
+        return None
+    if not _move(session, outcome, attempt, current, AttemptState.DELIVERED, ctx, group):
+        return None
+    log.info("notification %s: its message was updated twice without a failure; recorded delivered although "
+             "the workspace says %s", attempt.notification_id, current.value)
+    return Applied(DELIVERED_BY_EVENTS)
+
+
+def _move(session: Session, outcome: Outcome, attempt: store.OutcomeAttempt, current: AttemptState, new: AttemptState,
+          ctx: SendContext, group: GroupRead) -> bool:
+    """The lifecycle's ``record_outcome`` move, its next read-back, its trace; kept in ``group`` so a
+    later outcome of the group about the same message starts from here."""
+    now = ctx.clock()
+    read_next = next_read_at(state=new, reports_read=reports_read(attempt.channel),
+                             accepted_at=attempt.accepted_at or now, now=now, plan=readback_plan_of(ctx.settings))
     if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
                                 attempt_number=attempt.number, current=current, new=new,
                                 external_error=outcome.external_error, now=now, next_read_at=read_next):
-        return Applied("stale")  # a concurrent outcome moved it first; its own run carries on from there
-    # a later outcome of the group about the same message starts from here
+        return False
     group.attempts[outcome.message_id] = dataclasses.replace(attempt, state=new.value)
     _trace_outcome(session, attempt, outcome, new)
     if new in (AttemptState.DELIVERED, AttemptState.READ):
         # delivered: no other attempt can be needed any more (when it is the current one)
         group.drops.append((attempt.notification_id, attempt.number))
-    if new is AttemptState.FAILED:
-        return Applied("failed", FailedAttempt(attempt.notification_id, AttemptPurpose(attempt.purpose),
-                                               outcome.external_error))
-    if mark_processed is not None:
-        mark_processed(session, f"applied_{new.value}")
-    return Applied(f"applied_{new.value}")
+    return True
 
 
 def _trace_outcome(session: Session, attempt: store.OutcomeAttempt, outcome: Outcome, new: AttemptState) -> None:
@@ -527,7 +596,8 @@ def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.message_id is None:
             return "ignored"
-        read = store.DueRead(attempt.id, attempt.message_id, attempt.conversation_id, attempt.state, attempt.accepted_at)
+        read = store.DueRead(attempt.id, attempt.message_id, attempt.conversation_id, attempt.state, attempt.accepted_at,
+                             attempt.channel)
     found, _, unreadable = _read_for(ctx, read.conversation_id, read.message_id)
     return _after_read(read, found.get(read.message_id), ctx, enqueuer, unreadable=unreadable)
 
@@ -579,9 +649,10 @@ def _after_read(read: store.DueRead, outcome: Outcome | None, ctx: SendContext, 
                 unreadable: bool) -> str:
     now = ctx.clock()
     state = AttemptState(read.state)
-    with ctx.sessions.begin() as session:
+    with ctx.sessions.begin() as session:  # as after a read that found nothing new; news reschedules it
         store.schedule_read(session, read.attempt_id, at=next_read_at(
-            state=state, accepted_at=read.accepted_at or now, now=now, plan=readback_plan_of(ctx.settings)))
+            state=state, reports_read=reports_read(read.channel), accepted_at=read.accepted_at or now, now=now,
+            plan=readback_plan_of(ctx.settings), after_read=True))
     if outcome is None or outcome.status is None:
         return "unreadable" if unreadable else "no_status"
     return apply_outcome(outcome, ctx, enqueuer)

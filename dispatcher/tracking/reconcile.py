@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
+from dispatcher.lifecycle.states import AttemptState
 from dispatcher.policy.breaker import pause_reason
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
@@ -93,11 +94,29 @@ def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: Send
         read = "unreadable"  # not now, by our own limiter
     if read in ("applied_delivered", "applied_read"):
         return "confirmed_by_read"  # its report was lost; it arrived all the same
+    if read == tracking.DELIVERED_BY_EVENTS or _moved_past_sent(attempt, ctx, enqueuer):
+        return "confirmed_by_events"  # updated again after sent without a failure: a late sent overwrote it
     overdue_s = (ctx.clock() - attempt.accepted_at).total_seconds() - deadline_s
     if read == "unreadable" and overdue_s < ctx.settings.reconcile_max_interval_s:
         return "put_off_unreadable"
     return tracking.decide_fallback(attempt.notification_id, fall_back=True, reason="not delivered by the deadline",
                                     failed=False, ctx=ctx, enqueuer=enqueuer)
+
+
+def _moved_past_sent(attempt: store.LateAttempt, ctx: SendContext, enqueuer: Enqueuer) -> bool:
+    """Everything ever received about the message, applied or still waiting for a consumer: two
+    distinct updates without a failure mean it moved past sent (docs/tracking.md). Then it is
+    recorded delivered, and the deadline has nothing to decide."""
+    if attempt.message_id is None:
+        return False
+    with ctx.sessions() as session:
+        updates = store.distinct_clean_updates(session, ctx.settings.workspace_name, attempt.message_id)
+    if updates < 2:
+        return False
+    tracking.apply_outcome(tracking.Outcome(attempt.message_id, "delivered", None), ctx, enqueuer)
+    with ctx.sessions() as session:  # delivered now, by this move or a concurrent one (not a failure recorded since)
+        after = store.attempt_by_message(session, ctx.settings.workspace_name, attempt.message_id)
+    return after is not None and after.state in (AttemptState.DELIVERED, AttemptState.READ)
 
 
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:
@@ -132,9 +151,6 @@ def _process_run(delivery_row_id: int, run: store.DeliveryRun, ctx: SendContext,
         summary: EventSummary | None = EventSummary.model_validate(raw_summary)
     except ValidationError:
         summary = None  # not written by this version's receiver: retrying cannot make it readable
-    wait_s = ctx.settings.status_read_wait_s - (ctx.clock() - received_at).total_seconds()
-    if summary is not None and summary.waits_for_read and wait_s > 0:
-        raise Wait(wait_s, "a short wait lets one read of the conversation answer the events around this one")
     marked: list[str] = []
 
     def mark_processed(session: Session, outcome: str) -> None:
@@ -145,6 +161,8 @@ def _process_run(delivery_row_id: int, run: store.DeliveryRun, ctx: SendContext,
     try:
         outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at, mark_processed=mark_processed)
                    if summary is not None else "ignored_unreadable")
+    except Wait:
+        raise  # not now (a read's coalescing wait, the limiter): tried again after it, no error kept
     except Exception as error:
         # A STOP or START reply that failed because the workspace was away (a refused token, no
         # connection) gives its try back and waits for the workspace: it needs the inbox list (the
@@ -231,7 +249,7 @@ def _applies_at_once(run: store.DeliveryRun, ctx: SendContext) -> tracking.Outco
         return None
     if summary.event == "message_created" and summary.message_type == "incoming":
         return None
-    return tracking.Outcome(summary.message_id, summary.status, summary.external_error)
+    return tracking.Outcome(summary.message_id, summary.status, summary.external_error, summary.clean_update)
 
 
 def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enqueuer: Enqueuer,

@@ -1090,19 +1090,13 @@ class World:
             for _, _, stop_of in arriving:
                 if stop_of is not None:  # recorded (now, or by an earlier copy): the consumer must honour it
                     self.stops_recorded.add(stop_of)
-            # As the receiver publishes: by the time each can be used (a status-less event when its
-            # read is due), one task for one row, one task applying them together for several.
-            # The countdown task is held by no particular consumer here (any takes it when due).
-            by_wait: dict[float, list[int]] = {}
-            for delivery, row_id in zip(deliveries, row_ids, strict=True):
-                if row_id is not None:
-                    by_wait.setdefault(delivery.usable_after_s, []).append(row_id)
-            for wait_s, new in sorted(by_wait.items()):
-                due = self.clock.now + wait_s
-                if len(new) == 1:
-                    self.broker.publish(OUTCOME, new[0], due)
-                else:  # as CeleryOutcomePublisher.publish_many: one task applies them together
-                    self.broker.publish(OUTCOMES, tuple(new), due)
+            # As the receiver publishes: at once, one task for one row, one task applying them
+            # together for several.
+            new = [row_id for row_id in row_ids if row_id is not None]
+            if len(new) == 1:
+                self.broker.publish(OUTCOME, new[0], self.clock.now)
+            elif new:  # as CeleryOutcomePublisher.publish_many: one task applies them together
+                self.broker.publish(OUTCOMES, tuple(new), self.clock.now)
 
         self._start(node, "webhook", receive)
 

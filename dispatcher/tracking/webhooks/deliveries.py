@@ -47,9 +47,6 @@ class NewDelivery:
     summary: dict[str, Any]  # EventSummary.model_dump(mode="json"): IDs and status, no personal data
     received_at: datetime
     workspace: str = "default"  # whose webhook it is: the path it came to, whose secret verified it
-    # Seconds before the consumer can use it: a status-less event waits for its read (status_read_wait_s).
-    # Its task is published to run then, not to run at once and be retried after the wait.
-    usable_after_s: float = 0.0
 
 
 def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewDelivery]) -> list[int | None]:
@@ -115,23 +112,22 @@ class CeleryOutcomePublisher:
             return False
         return True
 
-    def publish_many(self, row_ids: Sequence[int], *, countdown_s: float = 0.0) -> None:
-        """Publish the consumer's tasks for these rows: one ``dispatcher.outcome`` for a single row,
-        else one ``dispatcher.outcomes`` per ``OUTCOMES_PER_TASK`` rows, which applies them together
-        (one transaction for those that carry a status). ``countdown_s``: the tasks run that much
-        later (a broker ETA; the consumer still checks the wait itself). Raises if the broker
+    def publish_many(self, row_ids: Sequence[int]) -> None:
+        """Publish the consumer's tasks for these rows, to run at once: one ``dispatcher.outcome``
+        for a single row, else one ``dispatcher.outcomes`` per ``OUTCOMES_PER_TASK`` rows, which
+        applies them together (one transaction for those that carry a status). Raises if the broker
         refuses (none may have been sent)."""
         if len(row_ids) == 1:
-            self._publish_tasks(OUTCOME_TASK, [(row_ids[0], f"(delivery={row_ids[0]})")], countdown_s)
+            self._publish_tasks(OUTCOME_TASK, [(row_ids[0], f"(delivery={row_ids[0]})")])
             return
         chunks = [list(row_ids[start:start + OUTCOMES_PER_TASK]) for start in range(0, len(row_ids), OUTCOMES_PER_TASK)]
-        self._publish_tasks(OUTCOMES_TASK, [(chunk, f"(deliveries={len(chunk)})") for chunk in chunks], countdown_s)
+        self._publish_tasks(OUTCOMES_TASK, [(chunk, f"(deliveries={len(chunk)})") for chunk in chunks])
 
     def publish_read_backs(self, message_ids: Sequence[int]) -> None:
         """Ask for these messages to be read back (their reports could not be recorded)."""
         self._publish_tasks(READ_BACK_TASK, [(message_id, f"(message={message_id})") for message_id in message_ids])
 
-    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int | list[int], str]], countdown_s: float = 0.0) -> None:
+    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int | list[int], str]]) -> None:
         if not calls:
             return
         with self._app.producer_or_acquire() as producer:
@@ -140,8 +136,7 @@ class CeleryOutcomePublisher:
                 for argument, shown in calls:
                     task_id = str(uuid.uuid4())
                     headers, properties, body, _ = self._app.amqp.as_task_v2(
-                        task_id, task_name, args=[argument], kwargs={}, argsrepr=shown, kwargsrepr="{}",
-                        countdown=countdown_s or None)
+                        task_id, task_name, args=[argument], kwargs={}, argsrepr=shown, kwargsrepr="{}")
                     producer.publish(body, exchange="", routing_key=OUTCOMES_QUEUE, serializer="json",
                                      headers=headers, delivery_mode=2, retry=False,
                                      declare=[] if self._declared else [self._queue], **properties)

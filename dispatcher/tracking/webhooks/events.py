@@ -7,8 +7,11 @@ characters), the private flag and a time. It is what ``webhook_deliveries.summar
 
 Tolerant reading (field notes, "Webhook deliveries in the field"):
 
-* ``status`` is absent in stock releases: None means "not reported, read the message list";
-  an unknown value reads as None too.
+* ``status`` is absent at the top level in stock releases; but a stock event's
+  ``conversation.messages[0]`` is the conversation's latest message with its ``status`` (the
+  field notes: "not necessarily this one"): when its ID is the event's, that status is the
+  message's own at the moment the event was made, and it is read. None means "not reported, read
+  the message list"; an unknown value reads as None too.
 * ``message_type`` is a string in payloads (``incoming``, ``outgoing``, ``template``) and an
   integer (0..3) in API shapes: both become the name.
 * ``external_error`` is read from the top level, else from ``content_attributes``.
@@ -22,10 +25,18 @@ Tolerant reading (field notes, "Webhook deliveries in the field"):
 
 Only ``message_created`` and ``message_updated`` are read for message fields; other events are
 kept as ``event="other"`` with every field None, so the consumer can mark them ignored.
+
+``body_digest`` is a keyed hash of the exact body (the deployment's hashing key: nothing of the
+content can be learnt from it). Two updates of one message differ in their body (each change of a
+message touches its conversation's ``updated_at``), a copy of one delivered twice does not: the
+consumer counts an outgoing message's distinct updates by it (docs/tracking.md, "A status the
+workspace overwrote").
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -63,30 +74,42 @@ class EventSummary(BaseModel):
     created_at: datetime | None = None
     reply_keyword: str | None = None  # an incoming message that is, whole, an opt-out or opt-in keyword
     sender_keys: tuple[str, ...] = ()  # that reply's sender, as keyed hashes (docs/opt-outs.md)
+    body_digest: str | None = None  # a keyed hash of the delivered body: tells a copy from another update
 
     @property
-    def waits_for_read(self) -> bool:
-        """A stock workspace's ``message_updated``: it names no status, so the consumer reads it
-        from the conversation, after ``status_read_wait_s`` (one read answers the burst around it)."""
-        return self.event == "message_updated" and self.status is None
+    def clean_update(self) -> str | None:
+        """The digest of an update of one of our outgoing messages that reports no failure (no
+        error, no ``failed`` status): the message changed in a way that is not a failure. None for
+        anything else. Two distinct ones mean the message moved past ``sent``."""
+        if (self.event != "message_updated" or self.message_id is None or self.external_error is not None
+                or self.status == "failed" or self.private is True or self.message_type == "incoming"):
+            return None
+        return self.body_digest
+
+
+def body_digest(body: bytes, *, key: bytes) -> str:
+    """A keyed hash of a delivered body (32 hex characters): equal for a copy, unequal for another update."""
+    return hmac.new(key, body, hashlib.sha256).hexdigest()[:32]
 
 
 def summarize(payload: Mapping[str, Any], *, reply_words: frozenset[str] = frozenset(),
-              hashing_key: bytes | None = None) -> EventSummary | None:
-    """The summary of a webhook payload, or None when it is not an event (no string ``event``)."""
+              hashing_key: bytes | None = None, digest: str | None = None) -> EventSummary | None:
+    """The summary of a webhook payload, or None when it is not an event (no string ``event``).
+    ``digest``: the delivered body's :func:`body_digest`, kept as ``body_digest``."""
     if not isinstance(payload, Mapping) or not isinstance(payload.get("event"), str):
         return None
     if payload["event"] not in MESSAGE_EVENTS:
         return EventSummary(event="other")
     conversation = _mapping(payload.get("conversation"))
     message_type = _choice(payload.get("message_type"), _TYPES)
+    message_id = _id(payload.get("id"))
     keyword = keyword_of(payload.get("content"), reply_words) if message_type == "incoming" else None
     return EventSummary(
         reply_keyword=keyword,
         sender_keys=_sender_keys(payload, hashing_key) if keyword is not None and hashing_key else (),
         event=payload["event"],
-        message_id=_id(payload.get("id")),
-        status=_choice(payload.get("status"), _STATUSES),
+        message_id=message_id,
+        status=_choice(payload.get("status"), _STATUSES) or _own_latest_status(conversation, message_id),
         message_type=message_type,
         private=payload.get("private") if isinstance(payload.get("private"), bool) else None,
         external_error=_external_error(payload),
@@ -95,7 +118,18 @@ def summarize(payload: Mapping[str, Any], *, reply_words: frozenset[str] = froze
         account_id=_id(_mapping(payload.get("account")).get("id")),
         contact_id=_contact_id(payload, conversation, incoming=message_type == "incoming"),
         created_at=_time(payload.get("created_at")),
+        body_digest=digest,
     )
+
+
+def _own_latest_status(conversation: Mapping[str, Any], message_id: int | None) -> str | None:
+    """The status a stock event carries for its message when that message is its conversation's
+    latest (``conversation.messages[0]``); None when the latest is another message, or says none."""
+    latest = conversation.get("messages")
+    if message_id is None or not isinstance(latest, list) or not latest:
+        return None
+    first = _mapping(latest[0])
+    return _choice(first.get("status"), _STATUSES) if _id(first.get("id")) == message_id else None
 
 
 def _sender_keys(payload: Mapping[str, Any], hashing_key: bytes) -> tuple[str, ...]:

@@ -56,7 +56,7 @@ from dispatcher.recipients.keywords import vocabulary
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
-from dispatcher.tracking.webhooks.events import EventSummary, summarize
+from dispatcher.tracking.webhooks.events import EventSummary, body_digest, summarize
 from dispatcher.tracking.webhooks.verify import DELIVERY_ID, verify_delivery
 from dispatcher.tracking.webhooks.writer import GroupWriter
 
@@ -88,14 +88,13 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
     def record_and_publish(batch: Sequence[NewDelivery]) -> list[bytes]:
         row_ids = record_deliveries(store, batch)
-        new_by_wait: dict[float, dict[str, int]] = {}
+        new: dict[str, int] = {}
         for delivery, row_id in zip(batch, row_ids, strict=True):
             if row_id is None:
                 log.info("duplicate webhook delivery %s acknowledged", delivery.delivery_id)
             else:
-                new_by_wait.setdefault(delivery.usable_after_s, {})[delivery.delivery_id] = row_id
-        for wait_s, new in sorted(new_by_wait.items()):
-            _publish(send, new, countdown_s=wait_s)
+                new[delivery.delivery_id] = row_id
+        _publish(send, new)
         return [DUPLICATE if row_id is None else ACCEPTED for row_id in row_ids]
 
     writer: GroupWriter[NewDelivery, bytes] = GroupWriter(record_and_publish)
@@ -230,9 +229,10 @@ def delivery_reader(settings: Settings) -> Callable[[Mapping[str, str], bytes, f
     def read(headers: Mapping[str, str], body: bytes, now: float) -> NewDelivery:
         verified = verify_delivery(headers, body, secrets=secrets, prefixes=prefixes, window_s=window_s, now=now)
         summary = _summary(body, reply_words, settings.hashing_key)
+        # Published to run at once, also without a status: the consumer reads a message's first
+        # status-less update at once and coalesces the ones after it (docs/tracking.md).
         return NewDelivery(verified.delivery_id, summary.event, summary.model_dump(mode="json"),
-                           datetime.fromtimestamp(now, UTC), workspace=settings.workspace_name,
-                           usable_after_s=settings.status_read_wait_s if summary.waits_for_read else 0.0)
+                           datetime.fromtimestamp(now, UTC), workspace=settings.workspace_name)
 
     return read
 
@@ -258,7 +258,8 @@ def _summary(body: bytes, reply_words: frozenset[str], hashing_key: bytes) -> Ev
     # Only an escape can put a NUL or a surrogate in a parsed string (raw ones are invalid JSON or UTF-8).
     if "\\u" in text and not _storable(payload):
         raise WebhookRejected("malformed_body", status_code=400)
-    summary = summarize(payload, reply_words=reply_words, hashing_key=hashing_key) if isinstance(payload, dict) else None
+    summary = (summarize(payload, reply_words=reply_words, hashing_key=hashing_key,
+                         digest=body_digest(body, key=hashing_key)) if isinstance(payload, dict) else None)
     if summary is None:
         raise WebhookRejected("malformed_body", status_code=400)
     return summary
@@ -301,10 +302,9 @@ def _ask_read_back(publish: Publish, message_id: int | None) -> None:
         log.warning("could not ask for message %s to be read back: %s", message_id, type(error).__name__)
 
 
-def _publish(publish: Publish, rows: dict[str, int], *, countdown_s: float = 0.0) -> None:
-    """Publish new row IDs, in one batch when the publisher has ``publish_many`` (to run
-    ``countdown_s`` later; a plain ``Publish`` runs them at once and the consumer waits). A broker
-    failure never fails the answer: those rows stay unprocessed and the tracking sweep sends them."""
+def _publish(publish: Publish, rows: dict[str, int]) -> None:
+    """Publish new row IDs, in one batch when the publisher has ``publish_many``. A broker failure
+    never fails the answer: those rows stay unprocessed and the tracking sweep sends them."""
     publish_many = getattr(publish, "publish_many", None)
     groups = [list(rows.items())] if publish_many else [[item] for item in rows.items()]
     for group in groups:
@@ -312,7 +312,7 @@ def _publish(publish: Publish, rows: dict[str, int], *, countdown_s: float = 0.0
             continue
         try:
             if publish_many:
-                publish_many([row_id for _, row_id in group], countdown_s=countdown_s)
+                publish_many([row_id for _, row_id in group])
             else:
                 publish(group[0][1])
         except Exception as error:

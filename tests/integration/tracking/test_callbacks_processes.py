@@ -108,7 +108,7 @@ def test_a_host_is_told_each_outcome_in_order_signed_once_per_event(stack_factor
         def told(event_id: str, last: str) -> bool:
             events = host.events_of(event_id)
             return bool(events) and events[-1]["type"] == last
-        wait_until(lambda: told("cb-read", "notification.read") and told("cb-fell-back", "notification.read")
+        wait_until(lambda: told("cb-read", "notification.read") and told("cb-fell-back", "notification.delivered")
                    and told("cb-cancelled", "notification.cancelled"), timeout_s=120, what="every outcome told")
 
     assert host.bad == []
@@ -121,7 +121,7 @@ def test_a_host_is_told_each_outcome_in_order_signed_once_per_event(stack_factor
     fell_back = [(e["type"], e["data"]["attempt"], e["data"]["channel"]) for e in host.events_of("cb-fell-back")]
     assert fell_back[0] in {("notification.accepted", 1, "messaging_platform"), ("notification.sent", 1, "messaging_platform")}
     assert ("notification.fell_back", 2, "sms") in fell_back  # the attempt that starts, through its route's channel
-    assert fell_back[-1] == ("notification.read", 2, "sms")
+    assert fell_back[-1] == ("notification.delivered", 2, "sms")  # an SMS is never read
     assert [e["type"] for e in host.events_of("cb-cancelled")] == ["notification.cancelled"]
     everything = json.dumps([payload for _, payload in host.received])
     assert not any(phone in everything for phone in PHONES.values()) and "appointment" not in everything

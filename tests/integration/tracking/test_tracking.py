@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from dispatcher import faults
 from dispatcher.api import NotFound, Unauthorized
-from dispatcher.context import SendContext
+from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
@@ -187,6 +187,90 @@ def test_an_event_without_status_is_read_from_the_stored_conversation(
     assert intake.status(context.sessions, "trk-nostatus").state == "read"
 
 
+def _update(message_id: int, digest: str, *, external_error: str | None = None) -> EventSummary:
+    """A stock update of one of our messages: no status of its own; ``digest`` its body's."""
+    return EventSummary(event="message_updated", message_id=message_id, message_type="outgoing",
+                        external_error=external_error, body_digest=digest)
+
+
+def test_a_message_s_first_status_less_update_is_read_at_once_and_the_next_one_waits(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    _send(context, reminder("trk-first", identifier="trk-p31", phone="+15550400031"))
+    message_id = intake.status(context.sessions, "trk-first").message_id
+    assert message_id is not None
+    before = _listed(sandbox)
+    # the first update of the message (whatever it announces): read at once, no wait
+    assert apply_event(_update(message_id, "d-1"), context, enqueuer, received_at=context.clock()) in (
+        "stale", "no_status", "applied_delivered", "applied_read")
+    assert _listed(sandbox) == before + 1
+    # the next one, received after that read: told to wait until the read's coalescing period ends
+    with pytest.raises(Wait) as waited:
+        apply_event(_update(message_id, "d-2"), context, enqueuer, received_at=context.clock())
+    assert 0 < waited.value.delay_s <= context.settings.status_read_wait_s
+    assert _listed(sandbox) == before + 1
+
+
+def test_two_distinct_updates_without_a_failure_are_taken_for_delivery_though_the_workspace_says_sent(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    # given a message the workspace keeps at "sent" (never confirmed), read once already
+    _send(context, reminder("trk-overwritten", identifier="trk-p32", phone="+15550200032"))
+    message_id = intake.status(context.sessions, "trk-overwritten").message_id
+    assert message_id is not None
+    with context.sessions.begin() as session:
+        store.note_read(session, context.settings.workspace_name, [message_id], at=context.clock())
+    later = context.clock() - timedelta(seconds=1)  # received before that read: it told what they announce
+    # when its first update comes, and a copy of it (another delivery ID, the same body), and one with an error
+    assert apply_event(_update(message_id, "d-1"), context, enqueuer, received_at=later) == "known_from_read"
+    assert apply_event(_update(message_id, "d-1"), context, enqueuer, received_at=later) == "known_from_read"
+    assert apply_event(_update(message_id, "d-e", external_error="131026: Message undeliverable"), context, enqueuer,
+                       received_at=later) == "known_from_read"
+    # then nothing is concluded: one update may be the provider's id, announced while sent
+    assert intake.status(context.sessions, "trk-overwritten").state == "sent"
+    # and a second, different update without an error: the message moved past sent
+    assert apply_event(_update(message_id, "d-2"), context, enqueuer, received_at=later) == "delivered_by_events"
+    record = intake.status(context.sessions, "trk-overwritten")
+    assert (record.state, record.fallback_decision) == ("delivered", None)
+    assert next(m for m in sandbox.messages() if m["id"] == message_id)["status"] == "sent"
+
+
+def test_the_deadline_weighs_updates_still_waiting_for_a_consumer_and_does_not_fall_back(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
+        _send(ctx, reminder("trk-deadline-events", identifier="trk-p33", phone="+15550200033"))  # stays "sent"
+        message_id = intake.status(ctx.sessions, "trk-deadline-events").message_id
+        assert message_id is not None
+        # two distinct updates received, none applied yet (a consumer's backlog), and a copy
+        _recorded(ctx, *((f"ev-{n}", _update(message_id, digest).model_dump(mode="json"))
+                         for n, digest in enumerate(("d-1", "d-2", "d-2"))))
+        time.sleep(0.3)
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.deadline_decisions == {"confirmed_by_events": 1}
+        record = intake.status(ctx.sessions, "trk-deadline-events")
+        assert (record.state, record.fallback_decision) == ("delivered", None)
+        assert enqueuer.sent == []  # no fallback: the patient has the message
+
+
+def test_the_deadline_falls_back_when_the_only_update_is_copied(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = 0.2
+    for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
+        notification_id = _send(ctx, reminder("trk-deadline-copy", identifier="trk-p34", phone="+15550200034"))
+        message_id = intake.status(ctx.sessions, "trk-deadline-copy").message_id
+        assert message_id is not None
+        # the provider's id announced, delivered twice under two IDs: one update, not two
+        _recorded(ctx, *((f"cp-{n}", _update(message_id, "d-1").model_dump(mode="json")) for n in range(2)))
+        time.sleep(0.3)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).deadline_decisions == {"fallback": 1}
+        assert enqueuer.sent == [notification_id]
+
+
 def test_reconciliation_brings_lost_webhooks_to_the_true_state(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
@@ -209,23 +293,50 @@ def test_reconciliation_brings_lost_webhooks_to_the_true_state(
         assert delivered not in enqueuer.sent
 
 
-def test_reconciliation_follows_a_delivered_message_through_to_read_and_then_stops(
+def test_a_delivered_platform_message_whose_read_report_was_lost_is_read_back_once(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
+    # reconcile_max_interval_s, the one read's delay after delivered, made short so the test need not wait 300 s
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01, reconcile_max_interval_s=0.05):
         _send(ctx, reminder("trk-read", identifier="trk-p11", phone="+15550400011"))
         message_id = intake.status(ctx.sessions, "trk-read").message_id
         assert message_id is not None
         # the delivered webhook came; the read one was lost
         assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"
         _sandbox_status(sandbox, message_id, {"read"})
-        time.sleep(0.05)
+        time.sleep(0.1)
         report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
         assert report.reconciled == {"applied_read": 1}
         assert intake.status(ctx.sessions, "trk-read").state == "read"
         # and a read attempt is settled: it is not read again
-        time.sleep(0.05)
+        time.sleep(0.1)
         assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {}
+
+
+def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01, reconcile_max_interval_s=0.05):
+        # a platform reminder whose recipient never reads it, and an SMS (whose channel never reports read)
+        _send(ctx, reminder("trk-unread", identifier="trk-p13", phone="+15550200013"))  # never confirmed on WhatsApp
+        sms = reminder("trk-sms", identifier="trk-p14", phone="+15550400014", route="sms")
+        del sms["template"]  # free text: the only kind off the platform
+        _send(ctx, sms)
+        unread, texted = (intake.status(ctx.sessions, event).message_id for event in ("trk-unread", "trk-sms"))
+        assert unread is not None and texted is not None
+        _sandbox_status(sandbox, texted, {"delivered"})
+        assert apply_event(_updated(unread, "delivered"), ctx, enqueuer) == "applied_delivered"  # as reported
+        assert apply_event(_updated(texted, "delivered"), ctx, enqueuer) == "applied_delivered"
+        reads = []
+        for _ in range(5):  # sweeps over many times the read-back's delay
+            time.sleep(0.1)
+            before = sandbox.stats()["calls"].get("listMessages", 0)
+            tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+            reads.append(sandbox.stats()["calls"].get("listMessages", 0) - before)
+        # then the platform message was read back once (a lost read report), the SMS never
+        assert reads == [1, 0, 0, 0, 0]
+        assert [intake.status(ctx.sessions, event).state for event in ("trk-unread", "trk-sms")] == ["delivered",
+                                                                                                    "delivered"]
 
 
 def test_an_attempt_whose_fallback_was_decided_is_not_read_back_again(
@@ -797,6 +908,9 @@ def test_a_mixed_group_of_deliveries_each_ends_as_it_would_alone(
     )
     with context.sessions.begin() as session:  # one the task finds processed already (its single task ran first)
         store.mark_delivery_processed(session, rows[4], outcome="window_opened", now=context.clock())
+        # m-3's message was read a moment before it came (for an earlier update): its next read waits, to answer
+        # the burst
+        store.note_read(session, context.settings.workspace_name, [waiting], at=context.clock() - timedelta(seconds=1))
     result = process_deliveries(rows, context, enqueuer)
     assert result.words == {"applied_delivered": 1, "fallback": 1, "duplicate_status": 1, "already_processed": 1,
                             "ignored_unreadable": 1}

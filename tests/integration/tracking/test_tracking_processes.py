@@ -154,7 +154,7 @@ def test_every_outcome_ends_in_its_state_with_unruly_webhooks(stack_factory: Any
         expected = {
             "ok-1": ("read", None),
             "ok-2": ("read", None),
-            "undeliverable": ("read", "fallback"),  # on SMS, after exactly one fallback
+            "undeliverable": ("delivered", "fallback"),  # on SMS (never read), after exactly one fallback
             "template": ("failed", "none"),
             "silent": ("sent", "fallback"),  # the deadline passed; SMS to it is never confirmed either
         }
@@ -216,7 +216,7 @@ def test_a_hundred_copies_of_one_failure_to_two_consumers_make_one_decision(stac
         for thread in threads:
             thread.join(timeout=60)
         assert Counter(answers) == {200: 100}
-        wait_until(lambda: stack.status("storm").state == "read", timeout_s=60, what="the fallback delivered")
+        wait_until(lambda: stack.status("storm").state == "delivered", timeout_s=60, what="the fallback delivered")
         time.sleep(1.0)
         record = stack.status("storm")
         assert record.fallback_decision == "fallback"
@@ -235,7 +235,7 @@ def test_with_every_webhook_dropped_reconciliation_finds_the_truth(stack_factory
         stack.dispatcher.notify(reminder("quiet-fail", identifier="t-q2", phone="+15550107301"))
 
         def settled() -> bool:
-            return stack.status("quiet-ok").state == "read" and stack.status("quiet-fail").state == "read"
+            return stack.status("quiet-ok").state == "read" and stack.status("quiet-fail").state == "delivered"
 
         wait_until(settled, timeout_s=90, what="reconciliation to find every true state")
         assert sandbox.stats()["webhooks"].get("dropped", 0) > 0

@@ -170,28 +170,28 @@ def test_logs_name_reason_and_delivery_id_never_body_signature_or_secret(
         assert private not in text
 
 
-class CountdownPublisher:
-    """A publisher with ``publish_many``, as the Celery one: records each batch and its countdown."""
+class BatchPublisher:
+    """A publisher with ``publish_many``, as the Celery one: records each batch."""
 
     def __init__(self) -> None:
-        self.batches: list[tuple[list[int], float]] = []
+        self.batches: list[list[int]] = []
 
     def __call__(self, row_id: int) -> None:
         self.publish_many([row_id])
 
-    def publish_many(self, row_ids: list[int], *, countdown_s: float = 0.0) -> None:
-        self.batches.append((list(row_ids), countdown_s))
+    def publish_many(self, row_ids: list[int]) -> None:
+        self.batches.append(list(row_ids))
 
 
-def test_a_status_less_update_is_published_to_run_when_its_read_is_due(tmp_path: Path) -> None:
+def test_a_status_less_update_is_published_at_once_for_its_first_read(tmp_path: Path) -> None:
     # given a stock workspace's message_updated (no status) and a contract one (with a status)
-    publisher = CountdownPublisher()
+    publisher = BatchPublisher()
     stock = encode({key: value for key, value in message_event().items() if key != "status"})
     with running_receiver(tmp_path, publish=publisher, status_read_wait_s=2.0) as receiver:
         # when both arrive
         assert receiver.post(stock, signed_headers(stock, delivery_id="stock-1")).status_code == 200
         assert receiver.post(BODY, signed_headers(BODY, delivery_id="contract-1")).status_code == 200
         [stock_row], [contract_row] = receiver.rows("stock-1"), receiver.rows("contract-1")
-    # then the status-less one's task is published to run after the read wait (not at once, to
-    # be retried then), and the one with a status at once
-    assert publisher.batches == [([stock_row.id], 2.0), ([contract_row.id], 0.0)]
+    # then both tasks run at once: the consumer reads a message's first status-less update at once
+    # (a late "sent" must have the least time to overwrite it) and coalesces only the later ones
+    assert publisher.batches == [[stock_row.id], [contract_row.id]]
