@@ -92,7 +92,8 @@ At the end of a run that settled:
   says it may exist). A message sent while its attempt was failed by another run would be unknown.
 
 Liveness: once faults stop, every notification ends (delivered, read or failed; for a recipient
-whom no channel ever confirms, ``sent`` by its last route after the single fallback decision,
+whom no channel ever confirms, or whose messages regress to a late ``sent`` and are never read,
+``sent`` by its last route after the single fallback decision,
 which is all the provider will ever say) within
 :data:`SETTLE_BOUND_S` of simulated time; the scheduler reports a run that stops or runs out of
 time before that as ``liveness``.
@@ -299,9 +300,11 @@ def _ended(n: _Row, world: World) -> bool:
     if n.state in ENDED:
         return True
     # The provider never confirms this recipient: after the deadline's single decision, the last
-    # route's message accepted (`sent`) is the end: nothing more will be sent or said.
-    return (n.event_id in world.never_confirmed and n.state == NotificationState.SENT
-            and n.fallback_decision is not None)
+    # route's message accepted (`sent`) is the end: nothing more will be sent or said. So too for a
+    # recipient whose messages regress to a late `sent` and are never read (kind 12): `sent` is the
+    # workspace's last word (what the record then says is the product's to document, issue 44).
+    return ((n.event_id in world.never_confirmed or n.event_id in world.late_sent)
+            and n.state == NotificationState.SENT and n.fallback_decision is not None)
 
 
 class _Row(NamedTuple):
