@@ -19,6 +19,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   notification's send tasks, all calls counted, refused connections not; and a notification's
   attempts together count no more tries than such calls.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
+* ``no_fallback_once_delivered``: no fallback for a message that was ever delivered or read, whatever
+  a late callback stored after it (the sandbox's ``highest_status``; :func:`_no_fallback_once_delivered`).
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail); a
   kind never stands without its detail in words, nor a detail without its kind, on any row (a
   waiting notification's reason, an attempt's mark); no detail says ``None``; a failed
@@ -115,6 +117,7 @@ from dispatcher.lifecycle.states import AttemptState, NotificationState, rank
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
 from dispatcher.sending.send import Outcome
+from sandbox.records import MessageRec
 from tests.simulation.world import Said, Violation, World, as_time
 
 WINDOW_CLOSED = "131047"
@@ -168,9 +171,11 @@ def check(world: World) -> list[Violation]:
     messages = world.workspace.outgoing()
     per_route = Counter()
     refused_free_text = Counter()
+    messages_of: dict[str, list[MessageRec]] = defaultdict(list)  # event ID -> its messages
     for message in messages:
         match = EVENT_IN_CONTENT.match(message.content or "")
         if match:
+            messages_of[match.group(1)].append(message)
             if message.template_params is None and (message.external_error or "").startswith(WINDOW_CLOSED):
                 refused_free_text[(match.group(1), message.inbox_id)] += 1  # the platform refused it: nobody got it
             else:
@@ -214,6 +219,7 @@ def check(world: World) -> list[Violation]:
                                                f"{n.event_id}: fallback decided while message {message.id} is {message.status}"))
         if fallbacks[n.id] > 1:
             found.append(Violation("one_fallback", f"{n.event_id} has {fallbacks[n.id]} fallback attempts"))
+        found += _no_fallback_once_delivered(world, n, fallbacks[n.id], messages_of.get(n.event_id, []))
     max_tries = world.settings.retry_max_tries
     calls = memory.get("send_calls", {})
     tries_of: Counter[int] = Counter()
@@ -285,6 +291,34 @@ def _deadline_decision_on_a_live_message(world: World, n: _Row) -> list[Violatio
         return [Violation("falls_back_as_documented", f"{n.event_id}: decided {n.fallback_decision} after a failure "
                           f"{error_kind}, which docs/notifications.md says {'falls' if documented else 'does not fall'} back")]
     return []
+
+
+def _no_fallback_once_delivered(world: World, n: _Row, fallback_attempts: int, of_event: list[MessageRec]) -> list[Violation]:
+    """``no_fallback_once_delivered``: once a notification falls back (its decision says so, or a
+    fallback attempt or a message on its fallback route exists), no message of its first route
+    made before that ever reached delivered or read in the workspace, whatever a late callback
+    stored after it (the sandbox's ``highest_status``): the recipient had it, and the fallback is a
+    second message. The first route's messages are those its inbox held for the event when the
+    fallback was first seen (the first attempt's, and its template resend's); a host's retry on
+    that route, later, is not one of them."""
+    remembered = world.memory.setdefault(f"n{n.id}", {})
+    first_messages: set[int] | None = remembered.get("first_messages")
+    if first_messages is None:
+        request = world.requests[int(n.event_id.split("-")[1])]
+        first_inbox = ROUTE_INBOX.get(request.route or "")
+        fallback_inbox = ROUTE_INBOX.get(request.fallback_route or "")
+        fell_back = (n.fallback_decision == "fallback" or fallback_attempts > 0
+                     or (fallback_inbox is not None and any(m.inbox_id == fallback_inbox for m in of_event)))
+        if not fell_back:
+            return []
+        first_messages = remembered["first_messages"] = {m.id for m in of_event if m.inbox_id == first_inbox}
+    found = []
+    for message in of_event:
+        reached = message.highest_status or message.status
+        if message.id in first_messages and reached in ("delivered", "read"):
+            found.append(Violation("no_fallback_once_delivered", f"{n.event_id}: fell back though its first route's "
+                                   f"message {message.id} reached {reached} (the workspace now says {message.status})"))
+    return found
 
 
 def _retried_on(world: World, event_id: str, inbox_id: int) -> int:
