@@ -19,6 +19,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   notification's send tasks, all calls counted, refused connections not; and a notification's
   attempts together count no more tries than such calls.
 * ``no_fallback_after_delivery``: no fallback decided for a message the workspace reports delivered or read.
+* ``no_fallback_once_delivered``: no fallback for a message that was ever delivered or read, whatever
+  a late callback stored after it (the sandbox's ``highest_status``; :func:`_no_fallback_once_delivered`).
 * ``ended_with_reason``: a failed notification or attempt says why (error_kind and a detail); a
   kind never stands without its detail in words, nor a detail without its kind, on any row (a
   waiting notification's reason, an attempt's mark); no detail says ``None``; a failed
@@ -92,7 +94,8 @@ At the end of a run that settled:
   says it may exist). A message sent while its attempt was failed by another run would be unknown.
 
 Liveness: once faults stop, every notification ends (delivered, read or failed; for a recipient
-whom no channel ever confirms, ``sent`` by its last route after the single fallback decision,
+whom no channel ever confirms, or whose messages regress to a late ``sent`` and are never read,
+``sent`` by its last route after the single fallback decision,
 which is all the provider will ever say) within
 :data:`SETTLE_BOUND_S` of simulated time; the scheduler reports a run that stops or runs out of
 time before that as ``liveness``.
@@ -114,6 +117,7 @@ from dispatcher.lifecycle.states import AttemptState, NotificationState, rank
 from dispatcher.lifecycle.table import MOVES, NEW
 from dispatcher.recipients.controls import recipient_of
 from dispatcher.sending.send import Outcome
+from sandbox.records import MessageRec
 from tests.simulation.world import Said, Violation, World, as_time
 
 WINDOW_CLOSED = "131047"
@@ -167,9 +171,11 @@ def check(world: World) -> list[Violation]:
     messages = world.workspace.outgoing()
     per_route = Counter()
     refused_free_text = Counter()
+    messages_of: dict[str, list[MessageRec]] = defaultdict(list)  # event ID -> its messages
     for message in messages:
         match = EVENT_IN_CONTENT.match(message.content or "")
         if match:
+            messages_of[match.group(1)].append(message)
             if message.template_params is None and (message.external_error or "").startswith(WINDOW_CLOSED):
                 refused_free_text[(match.group(1), message.inbox_id)] += 1  # the platform refused it: nobody got it
             else:
@@ -213,6 +219,7 @@ def check(world: World) -> list[Violation]:
                                                f"{n.event_id}: fallback decided while message {message.id} is {message.status}"))
         if fallbacks[n.id] > 1:
             found.append(Violation("one_fallback", f"{n.event_id} has {fallbacks[n.id]} fallback attempts"))
+        found += _no_fallback_once_delivered(world, n, fallbacks[n.id], messages_of.get(n.event_id, []))
     max_tries = world.settings.retry_max_tries
     calls = memory.get("send_calls", {})
     tries_of: Counter[int] = Counter()
@@ -286,6 +293,34 @@ def _deadline_decision_on_a_live_message(world: World, n: _Row) -> list[Violatio
     return []
 
 
+def _no_fallback_once_delivered(world: World, n: _Row, fallback_attempts: int, of_event: list[MessageRec]) -> list[Violation]:
+    """``no_fallback_once_delivered``: once a notification falls back (its decision says so, or a
+    fallback attempt or a message on its fallback route exists), no message of its first route
+    made before that ever reached delivered or read in the workspace, whatever a late callback
+    stored after it (the sandbox's ``highest_status``): the recipient had it, and the fallback is a
+    second message. The first route's messages are those its inbox held for the event when the
+    fallback was first seen (the first attempt's, and its template resend's); a host's retry on
+    that route, later, is not one of them."""
+    remembered = world.memory.setdefault(f"n{n.id}", {})
+    first_messages: set[int] | None = remembered.get("first_messages")
+    if first_messages is None:
+        request = world.requests[int(n.event_id.split("-")[1])]
+        first_inbox = ROUTE_INBOX.get(request.route or "")
+        fallback_inbox = ROUTE_INBOX.get(request.fallback_route or "")
+        fell_back = (n.fallback_decision == "fallback" or fallback_attempts > 0
+                     or (fallback_inbox is not None and any(m.inbox_id == fallback_inbox for m in of_event)))
+        if not fell_back:
+            return []
+        first_messages = remembered["first_messages"] = {m.id for m in of_event if m.inbox_id == first_inbox}
+    found = []
+    for message in of_event:
+        reached = message.highest_status or message.status
+        if message.id in first_messages and reached in ("delivered", "read"):
+            found.append(Violation("no_fallback_once_delivered", f"{n.event_id}: fell back though its first route's "
+                                   f"message {message.id} reached {reached} (the workspace now says {message.status})"))
+    return found
+
+
 def _retried_on(world: World, event_id: str, inbox_id: int) -> int:
     """Retries the host asked for, each a deliberate message on the notification's own route."""
     retries = world.retries.get(event_id, 0)
@@ -299,9 +334,11 @@ def _ended(n: _Row, world: World) -> bool:
     if n.state in ENDED:
         return True
     # The provider never confirms this recipient: after the deadline's single decision, the last
-    # route's message accepted (`sent`) is the end: nothing more will be sent or said.
-    return (n.event_id in world.never_confirmed and n.state == NotificationState.SENT
-            and n.fallback_decision is not None)
+    # route's message accepted (`sent`) is the end: nothing more will be sent or said. So too for a
+    # recipient whose messages regress to a late `sent` and are never read (kind 12): `sent` is the
+    # workspace's last word (what the record then says is the product's to document, issue 44).
+    return ((n.event_id in world.never_confirmed or n.event_id in world.late_sent)
+            and n.state == NotificationState.SENT and n.fallback_decision is not None)
 
 
 class _Row(NamedTuple):

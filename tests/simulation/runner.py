@@ -18,13 +18,18 @@ def settings_for(secret: str) -> Settings:
     return example_settings(api_url=WORKSPACE_URL, webhook_secrets=[secret], database_url="sqlite://")
 
 
+def world_of(spec: WorldSpec, *, seed: int | None = None, script: list[int] | None = None,
+             keep_trace: bool = True, strict: bool = False) -> World:
+    """A world set up for one run (a test that looks at the workspace afterwards runs it itself)."""
+    return World(spec, Choices(seed=seed, script=script, strict=strict), settings=settings_for,
+                 store=stores.OPENERS[spec.store], checks=invariants.check, as_time=invariants.as_time,
+                 keep_trace=keep_trace, finals=invariants.at_end)
+
+
 def run(spec: WorldSpec, *, seed: int | None = None, script: list[int] | None = None,
         keep_trace: bool = True, strict: bool = False) -> Outcome:
     """One run from a seed, or from a script of choices (``strict``: stop where the script ends)."""
-    world = World(spec, Choices(seed=seed, script=script, strict=strict), settings=settings_for,
-                  store=stores.OPENERS[spec.store], checks=invariants.check, as_time=invariants.as_time,
-                  keep_trace=keep_trace, finals=invariants.at_end)
-    return world.run()
+    return world_of(spec, seed=seed, script=script, keep_trace=keep_trace, strict=strict).run()
 
 
 def shrink(spec: WorldSpec, choices: list[int], fails: Callable[[Outcome], bool], *, budget: int = 600) -> list[int]:
@@ -155,6 +160,11 @@ WORLDS: dict[str, WorldSpec] = {
     # wait (a redeploy): what still needs the template fails invalid_for_channel and falls back.
     "withdrawn-template": WorldSpec(notifications=3, faults=4, fault_rate=0.1, scheduled=True, template_withdrawn=True,
                                     kind_pool=(0, 2, 3, 6)),
+    # The field's out-of-order status (issue 44): some WhatsApp reminders go delivered, then a late
+    # `sent` 50 ms to 0.3 s later (drawn per run), and are never read (kind 12), among ordinary ones
+    # and a refusal that rightly falls back. A fallback for a message that arrived is a second message.
+    "out-of-order": WorldSpec(notifications=3, faults=4, fault_rate=0.1, kind_pool=(0, 2, 3, 12, 12),
+                              late_sent_between_s=(0.05, 0.3)),
     # tracing on (an in-memory exporter): the outcomes applied leave their spans (docs/tracing.md)
     "traced": WorldSpec(notifications=3, faults=5, traced=True),
     # issue 22's loss: crashes and redeliveries of the send task spent the provider tries

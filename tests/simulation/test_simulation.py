@@ -27,7 +27,7 @@ from tests.simulation import stores
 from tests.simulation import world as world_module
 from tests.simulation.explore import explore
 from tests.simulation.invariants import FALLBACK_SETTLE_S, SETTLE_BOUND_S
-from tests.simulation.runner import WORLDS, run, settings_for
+from tests.simulation.runner import WORLDS, run, settings_for, world_of
 
 SEEDS_PER_CHUNK = 40
 CHUNKS = 4  # 160 seeds of the small world; the nightly command runs many more (docs/simulation.md)
@@ -69,13 +69,13 @@ def test_contended_worlds_keep_every_promise() -> None:
                                               ("removed-inbox", 8), ("traced", 8), ("batches", 8),
                                               ("withdrawn-template", 8), ("postgresql", 6),
                                               ("shared-patients", 8), ("group-commit", 8), ("group-commit-stock", 8),
-                                              ("group-commit-postgresql", 3)])
+                                              ("group-commit-postgresql", 3), ("out-of-order", 6)])
 def test_worlds_of_one_kind_of_trouble_keep_every_promise(world: str, seeds: int) -> None:
     """Refusals and failures on both routes, opt-outs around the claims, lost answers and closing
     service windows, a task that keeps dying, cancels and schedules, refusals by the provider, a
     workspace outage past the send deadline, a host's retries, quiet hours, refused publishes, the
-    contract's workspace, contacts no route reaches, a removed inbox, the production store and
-    patients with several reminders (docs/simulation.md):
+    contract's workspace, contacts no route reaches, a removed inbox, the production store,
+    patients with several reminders and messages whose status regresses (docs/simulation.md):
     seeds apart from the mutation selection's."""
     for seed in range(100, 100 + seeds):
         outcome = run(WORLDS[world], seed=seed, keep_trace=False)
@@ -212,6 +212,40 @@ def test_redeliveries_spend_no_provider_try(seed: int) -> None:
     the first 20 are kept with it."""
     outcome = run(WORLDS["redeliveries"], seed=seed, keep_trace=False)
     assert outcome.ok, f"{outcome.violations[0]}; replay: {_replay('redeliveries', seed)}"
+
+
+@pytest.mark.parametrize("seed", [31])
+def test_a_message_that_arrived_never_falls_back(seed: int) -> None:
+    """Issue 44: out-of-order seed 31 is the one the simulation found on the code before the
+    product's fix (docs/simulation.md). A WhatsApp reminder is delivered, the workspace stores a
+    late `sent` 50 ms later, and the patient never reads it; the consumer reads the message list
+    2 s after the status-less event and finds `sent`, and at the delivery deadline the tracking
+    sweep falls back to SMS: the patient gets the reminder twice (``no_fallback_once_delivered``).
+    75 of the world's first 100 seeds break it on that code. Not marked xfail: it fails until the
+    product's fix (dispatcher/tracking/) lands, and must pass from then on."""
+    outcome = run(WORLDS["out-of-order"], seed=seed, keep_trace=False)
+    assert outcome.ok, f"{outcome.violations[0]}; replay: {_replay('out-of-order', seed)}"
+
+
+def test_the_out_of_order_world_s_messages_arrive_then_regress() -> None:
+    """The out-of-order world does what it is for, whatever the product makes of it (no faults,
+    so no draw of the product's calls decides it): the late `sent` is drawn between 50 ms and
+    0.3 s after `delivered`, and each kind-12 patient's WhatsApp reminder was delivered and ends
+    `sent` in the workspace, never read."""
+    world = world_of(replace(WORLDS["out-of-order"], faults=0), seed=31, keep_trace=False)
+    world.run()
+    assert world.late_sent_after_s == 0.05 == world.workspace.sandbox.config.behaviour.late_sent_after_s
+    assert world.late_sent == {"ev-1"}
+    regressed = [(m.highest_status, m.status) for m in world.workspace.outgoing()
+                 if m.inbox_id == 1 and (m.content or "").startswith("Reminder ev-1:")]
+    assert regressed == [("delivered", "sent")]
+    drawn: set[float | None] = set()
+    for seed in range(8):
+        other = world_of(WORLDS["out-of-order"], seed=seed, keep_trace=False)
+        drawn.add(other.late_sent_after_s)
+        other.engine.dispose()
+        other.raw.close()
+    assert len(drawn) > 1 and all(delay is not None and 0.05 <= delay <= 0.3 for delay in drawn), drawn
 
 
 @pytest.mark.parametrize(("world", "seed"), [("opt-outs", 254), ("refusals", 215), ("outage", 14), ("outage", 30),

@@ -132,8 +132,11 @@ class SimWorkspace(httpx.BaseTransport):
     """The stock sandbox behind an httpx transport, with a fault chosen per call."""
 
     def __init__(self, clock: Callable[[], float], choose_fault: Callable[[str], int], *, profile: str = "stock",
-                 removed_inboxes: tuple[int, ...] = ()) -> None:
+                 removed_inboxes: tuple[int, ...] = (), late_sent_after_s: float | None = None) -> None:
         config = workspace_config(profile)
+        if late_sent_after_s is not None:  # the regress rule's late `sent`, this long after `delivered`
+            behaviour = config.behaviour.model_copy(update={"late_sent_after_s": late_sent_after_s})
+            config = config.model_copy(update={"behaviour": behaviour})
         self.loop = SimLoop(clock)
         self.sandbox = Sandbox(config)
         store = self.sandbox.store

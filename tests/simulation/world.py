@@ -69,6 +69,10 @@ HOST_RETRY_DELAY_S = 30.0  # how long after a notification failed its host retri
 # Kind 6: the service window closes 0 to 55 ms after the hand-over, in 5 ms steps: about as long as
 # a run takes (a step is a millisecond) from reading the window to its createMessage call.
 WINDOW_CLOSE_STEP_S, WINDOW_CLOSE_STEPS = 0.005, 12
+# Kind 12: the stock seed's recipients whose messages go delivered, then a late `sent`, and nothing
+# more (the regress rule with then_read = false); the late sent's delay is drawn in these steps.
+LATE_SENT_PREFIX = "+1555071"
+LATE_SENT_STEP_S = 0.01
 CRASH_POINTS_PER_RUN = 10
 TEMPLATE_NAME = "appointment_reminder"  # the approved template every platform request carries
 IN_TRANSACTION_RARITY = 4  # a crash inside a transaction is drawn at a quarter of the fault rate (many points)
@@ -322,6 +326,10 @@ class WorldSpec:
     # Settings a world changes from the example configuration's, each with its reason in WORLDS.
     settings_changes: tuple[tuple[str, float], ...] = ()
     route_windows: tuple[tuple[str, str], ...] = ()  # quiet hours: (route, its send_window in UTC), as a clinic sets them
+    # The field's out-of-order status (issue 44): the workspace stores a late `sent` this long after
+    # `delivered` (the sandbox's late_sent_after_s), drawn once per run between the two (seconds);
+    # None: the sandbox's default (half of read_after_s). Kind 12's recipients regress and never read.
+    late_sent_between_s: tuple[float, float] | None = None
     max_steps: int = 20_000
     horizon_s: float = 6 * 3600.0  # simulated time after which a run that has not ended fails liveness
 
@@ -384,8 +392,9 @@ class World:
         self.open_transactions = 0
         self.running: Node | None = None
         self.main = greenlet.getcurrent()
+        self.late_sent_after_s = self._plan_late_sent()
         self.workspace = SimWorkspace(self.clock.time, self._call_fault, profile=spec.profile,
-                                      removed_inboxes=spec.removed_inboxes)
+                                      removed_inboxes=spec.removed_inboxes, late_sent_after_s=self.late_sent_after_s)
         self.settings = settings(self.workspace.webhook_secret)
         if spec.settings_changes:
             self.settings = self.settings.model_copy(update=dict(spec.settings_changes))
@@ -430,6 +439,7 @@ class World:
                 for index in self.batch_of.get(host_event.index, [host_event.index]):
                     self.hand_over_at[index] = host_event.at
         self.never_confirmed: set[str] = set()  # event IDs whose recipient no channel ever confirms (kind 4)
+        self.late_sent: set[str] = set()  # event IDs whose messages go delivered, then a late sent, no more (kind 12)
         self.window_closes_at: dict[int, float] = {}  # kinds 6, 7: when the recipient's service window closes
         self.create_runs: dict[float, datetime] = {}  # each createMessage call's moment -> when its run began
         self.provider_opted_out: set[int] = set()  # recipients who replied STOP to the SMS provider before the run (kinds 8, 9)
@@ -505,6 +515,16 @@ class World:
             joined.update(e.index for e in group[1:])
         return [e for e in events if not (e.kind == "notify" and e.index in joined)]
 
+    def _plan_late_sent(self) -> float | None:
+        """How long after `delivered` the workspace stores its late `sent` (the out-of-order world),
+        drawn once per run in 10 ms steps; None: the sandbox's own default. Drawn first, and only
+        in a world that asks, so the other worlds' seeds keep their draws."""
+        if self.spec.late_sent_between_s is None:
+            return None
+        low, high = self.spec.late_sent_between_s
+        steps = round((high - low) / LATE_SENT_STEP_S)
+        return round(low + LATE_SENT_STEP_S * self.choices.pick(steps + 1), 3)
+
     def _plan_outage(self) -> Outage | None:
         """When the workspace is away, how, and for how long (the outage world)."""
         if not self.spec.outage:
@@ -526,7 +546,9 @@ class World:
         # SMS fallback, to a patient whose contact the front desk made with an e-mail address only
         # (found by its identifier, it has no binding to either inbox: not_contactable on both routes);
         # 11: SMS (no fallback route) to a number it cannot reach: the message fails (30003), and so
-        # does the notification, external_error, with no fallback decided
+        # does the notification, external_error, with no fallback decided; 12: WhatsApp with SMS
+        # fallback, to a patient whose messages go delivered, then a late `sent` (the field's
+        # out-of-order callbacks), and who never reads them: the workspace stores `sent` for good
         if self.spec.kinds:
             kind = self.spec.kinds[index]
         elif self.spec.kind_pool:
@@ -534,12 +556,14 @@ class World:
         else:
             kind = self.choices.pick(self.spec.kind_count)
         prefix = {3: "+1555010", 4: "+1555020", 5: UNREACHABLE_PREFIX, 7: "+1555010", 8: "+1555010",
-                  11: UNREACHABLE_PREFIX}.get(kind, "+1555100")
+                  11: UNREACHABLE_PREFIX, 12: LATE_SENT_PREFIX}.get(kind, "+1555100")
         patient = index % self.spec.patients if self.spec.patients else index  # whom it is for (shared_patients)
         phone = f"{prefix}{patient:04d}"
         event_id = f"ev-{index}"
         if kind == 4:
             self.never_confirmed.add(event_id)
+        if kind == 12:
+            self.late_sent.add(event_id)
         if kind in (8, 9):
             self.provider_opted_out.add(index)
             self.workspace.provider_opted_out(name="Patient", phone_number=phone, identifier=f"patient-{index}")
