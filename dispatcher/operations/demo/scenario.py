@@ -46,9 +46,9 @@ SAMPLES = (
            "read", "messaging_platform", None, "template"),
     Sample("appt-1003", "reminder", _reminder("appt-1003", "patient-1003", "Cleo", "+15550301003", "Wed 14:15"),
            "read", "messaging_platform", None, "template"),
-    # Not on the platform (the sandbox fails +1555010... with 131026): falls back to SMS, once.
+    # Not on the platform (the sandbox fails +1555010... with 131026): falls back to SMS, once; delivered.
     Sample("appt-1004", "not on the platform", _reminder("appt-1004", "patient-1004", "Dan", "+15550107004", "Thu 08:45"),
-           "read", "sms", "fallback", "free text"),
+           "delivered", "sms", "fallback", "free text"),  # an SMS is never read
     # A template the platform does not have in French: 132001, no fallback.
     Sample("appt-1005", "template error", _reminder("appt-1005", "patient-1005", "Eve", "+15550301005", "Fri 11:00", language="fr"),
            "failed", "messaging_platform", "none", "template"),

@@ -211,6 +211,32 @@ def test_a_message_s_first_status_less_update_is_read_at_once_and_the_next_one_w
     assert _listed(sandbox) == before + 1
 
 
+def test_a_burst_of_status_less_updates_in_a_conversation_costs_one_read_after_the_first(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    # given two reminders to one patient: one conversation
+    for n in (1, 2):
+        _send(context, reminder(f"trk-burst-{n}", identifier="trk-p35", phone="+15550400035"))
+    first, second = (intake.status(context.sessions, f"trk-burst-{n}").message_id for n in (1, 2))
+    assert first is not None and second is not None
+    before = _listed(sandbox)
+    # when the first status-less update comes: read at once
+    apply_event(_update(first, "a-1"), context, enqueuer, received_at=context.clock())
+    # and a burst after it, of both messages: each told to wait for the same moment
+    burst = [(first, "a-2"), (second, "b-1"), (second, "b-2"), (first, "a-3")]
+    received = context.clock()
+    waits = []
+    for message_id, digest in burst:
+        with pytest.raises(Wait) as waited:
+            apply_event(_update(message_id, digest), context, enqueuer, received_at=received)
+        waits.append(waited.value.delay_s)
+    time.sleep(max(waits) + 0.05)
+    for message_id, digest in burst:
+        apply_event(_update(message_id, digest), context, enqueuer, received_at=received)
+    # then the burst cost one read: the first of it read the conversation, which answered the other three
+    assert _listed(sandbox) == before + 2
+
+
 def test_two_distinct_updates_without_a_failure_are_taken_for_delivery_though_the_workspace_says_sent(
     context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
 ) -> None:
