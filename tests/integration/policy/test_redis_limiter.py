@@ -105,11 +105,44 @@ def test_pause_refuses_everything_until_it_ends(client: redis.Redis, prefix: str
     assert client.zcard(limiter.key("account")) == 1
 
 
+def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it(client: redis.Redis, prefix: str) -> None:
+    # given room everywhere, and a pause of the "reads" bucket alone for 20 s
+    clock = FakeClock()
+    limiter = RedisLimiter(client, {"account": Limit(100), "reads": Limit(100)}, key_prefix=prefix, clock=clock)
+    limiter.pause(20.0, bucket="reads")
+    # then an acquire that takes it waits the pause's rest; one that does not is granted
+    assert limiter.paused_for("reads") == pytest.approx(20.0) and limiter.paused_for() == 0.0
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
+    assert limiter.acquire("account") == 0.0
+    # and a shorter pause later changes nothing (it only lengthens), nor does the global one's end
+    clock.now += 15.0
+    limiter.pause(1.0, bucket="reads")
+    assert limiter.acquire("reads") == pytest.approx(5.0)
+    # and afterwards it grants again, the refusals having taken nothing
+    clock.now += 5.0
+    assert acquire_all(limiter, ["account", "reads"]) == 0.0
+    assert client.zcard(limiter.key("account")) == 2 and client.zcard(limiter.key("reads")) == 1
+    # and the pause lives under the prefix, a second past its end
+    assert 0 < client.pttl(limiter.pause_key("reads")) <= 21_000
+    assert client.exists(limiter.pause_key()) == 0
+
+
+def test_a_bucket_s_pause_and_its_full_window_answer_the_longer_wait(client: redis.Redis, prefix: str) -> None:
+    # given a full bucket whose oldest grant leaves in 60 s, and a 10 s pause of it
+    limiter = RedisLimiter(client, {"reads": Limit(1)}, key_prefix=prefix, clock=FakeClock())
+    assert limiter.acquire("reads") == 0.0
+    limiter.pause(10.0, bucket="reads")
+    # then the answer is the time until both let it through
+    assert limiter.acquire("reads") == pytest.approx(WINDOW_S)
+
+
 def test_an_unknown_bucket_is_refused_before_redis(client: redis.Redis, prefix: str) -> None:
     # given limits for account only; when a typo is asked for; then ValueError, no key written
     limiter = RedisLimiter(client, {"account": Limit(1)}, key_prefix=prefix)
     with pytest.raises(ValueError):
         limiter.acquire("serach")
+    with pytest.raises(ValueError):
+        limiter.pause(5.0, bucket="raeds")
     assert list(client.scan_iter(match=prefix + "*")) == []
 
 
