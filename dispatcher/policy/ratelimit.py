@@ -127,13 +127,13 @@ class LocalLimiter:
         _check_buckets(self._limits, unique)
         with self._lock:
             now = self._clock()
+            # The pauses first: the answer is the longest of the global one and the buckets' own.
+            wait_s = max([0.0, *(self._bucket_paused_until.get(bucket, now) - now for bucket in unique)])
             if self._paused_until > now:
-                return self._paused_until - now
-            wait_s = 0.0
+                return max(self._paused_until - now, wait_s)
+            if wait_s > 0:
+                wait_s = max(wait_s, _MIN_WAIT_S)
             for bucket in unique:
-                bucket_paused_until = self._bucket_paused_until.get(bucket, now)
-                if bucket_paused_until > now:
-                    wait_s = max(wait_s, bucket_paused_until - now, _MIN_WAIT_S)
                 grants = self._grants[bucket]
                 while grants and grants[0] <= now - WINDOW_S:
                     grants.popleft()
@@ -169,14 +169,16 @@ class LocalLimiter:
 _ACQUIRE_LUA = """
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local paused_until = tonumber(redis.call('GET', KEYS[1]) or '0')
-if paused_until > now then return paused_until - now end
 local buckets = (#KEYS - 1) / 2
 local wait = 0
 for j = 1, buckets do
-  local key = KEYS[2 * j]
   local bucket_paused_until = tonumber(redis.call('GET', KEYS[2 * j + 1]) or '0')
   if bucket_paused_until > now then wait = math.max(wait, bucket_paused_until - now) end
+end
+local paused_until = tonumber(redis.call('GET', KEYS[1]) or '0')
+if paused_until > now then return math.max(paused_until - now, wait) end
+for j = 1, buckets do
+  local key = KEYS[2 * j]
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
   if redis.call('ZCARD', key) >= tonumber(ARGV[3 + j]) then
     local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')

@@ -14,17 +14,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from dispatcher.context import READS_BUCKET, limits_of, pause_after_429
 from dispatcher.policy.ratelimit import WINDOW_S, Limit, RedisLimiter, acquire_all, route_bucket
+from tests.support import reads_share
 
 pytestmark = pytest.mark.integration
 
 
-class FakeClock:
+class FakeClock(reads_share.FakeClock):
     def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(now)
 
 
 @pytest.fixture()
@@ -114,7 +113,11 @@ def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it(client: redis
     assert limiter.paused_for("reads") == pytest.approx(20.0) and limiter.paused_for() == 0.0
     assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
     assert limiter.acquire("account") == 0.0
-    # and a shorter pause later changes nothing (it only lengthens), nor does the global one's end
+    # and with a global pause meanwhile, each acquire waits for the longest pause that holds it
+    limiter.pause(10.0)
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
+    assert limiter.acquire("account") == pytest.approx(10.0)
+    # and a shorter pause later changes nothing: a pause only lengthens
     clock.now += 15.0
     limiter.pause(1.0, bucket="reads")
     assert limiter.acquire("reads") == pytest.approx(5.0)
@@ -122,9 +125,9 @@ def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it(client: redis
     clock.now += 5.0
     assert acquire_all(limiter, ["account", "reads"]) == 0.0
     assert client.zcard(limiter.key("account")) == 2 and client.zcard(limiter.key("reads")) == 1
-    # and the pause lives under the prefix, a second past its end
+    # and the bucket's pause is a key of its own under the prefix, living a second past its end
+    assert limiter.pause_key("reads") == prefix + "pause:reads"
     assert 0 < client.pttl(limiter.pause_key("reads")) <= 21_000
-    assert client.exists(limiter.pause_key()) == 0
 
 
 def test_a_bucket_s_pause_and_its_full_window_answer_the_longer_wait(client: redis.Redis, prefix: str) -> None:
@@ -213,3 +216,51 @@ def test_a_pause_set_by_one_process_is_seen_by_another(redis_url: str, prefix: s
     assert 29.0 < set_for_s <= 30.0
     assert 0 < seen_for_s <= set_for_s and 0 < wait_s <= set_for_s
     assert seen_for_s > 20.0 and wait_s > 20.0
+
+
+# --- sends before reads (the scenarios of tests/unit/policy/test_reads_share.py) ---------------
+
+
+def _workers_limiter(client: redis.Redis, prefix: str, clock: FakeClock, **overrides: object) -> RedisLimiter:
+    """The buckets and limits the workers build from their settings (dispatcher.context)."""
+    return RedisLimiter(client, limits_of(reads_share.settings(**overrides)), key_prefix=prefix, clock=clock)
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_with_sends_and_reads_both_asking_reads_get_their_share_and_sends_the_rest(client: redis.Redis,
+                                                                                    prefix: str) -> None:
+    # given 600 calls a minute (reads 120), and sends and reads each asking every 40 ms for two minutes
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
+    grants = reads_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04)
+    # then in each minute the reads got their 120 and the sends the other 480
+    for start in (0.0, WINDOW_S):
+        assert (grants.in_span(grants.reads, start), grants.in_span(grants.sends, start)) == (120, 480)
+    # and never more than 120 reads in any 60-second span
+    assert grants.most_in_any_minute(grants.reads) == 120
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_reads_alone_get_no_more_than_their_share(client: redis.Redis, prefix: str) -> None:
+    # given nobody sending, and reads asking every 40 ms for two minutes
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
+    reads = reads_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04, sends=False).reads
+    # then they got 120 a minute, not the 600 nobody else wanted
+    assert len(reads) == 240
+    assert max(sum(1 for at in reads if start <= at < start + WINDOW_S) for start in reads) == 120
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_after_a_429_the_sends_are_granted_again_before_the_reads(client: redis.Redis, prefix: str) -> None:
+    # given room in every bucket, and a 429 that pauses the limiter for 5 s
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock)
+    pause_after_429(limiter, 5.0)
+    # when sends and reads both ask every 40 ms
+    grants = reads_share.ask(limiter, clock, seconds=15.0, step_s=0.04)
+    # then the sends go on after the 5 s, the reads only after twice that
+    assert grants.sends[0] == pytest.approx(5.0)
+    assert grants.reads[0] == pytest.approx(10.0)
+    # and the pauses are two keys under the prefix
+    assert client.exists(limiter.pause_key(), limiter.pause_key(READS_BUCKET)) == 2

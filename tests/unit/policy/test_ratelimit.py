@@ -126,7 +126,7 @@ def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it() -> None:
     assert later[:98] == [0.0] * 98 and later[98] > 0
 
 
-def test_a_bucket_s_pause_only_lengthens_and_the_global_pause_comes_first() -> None:
+def test_a_bucket_s_pause_only_lengthens_and_the_answer_is_the_longest_pause() -> None:
     # given a 30 s pause of one bucket; when a later one asks for 5 s; then the 30 s hold
     limiter, clock = make({"account": 10, "reads": 10})
     limiter.pause(30.0, bucket="reads")
@@ -134,9 +134,10 @@ def test_a_bucket_s_pause_only_lengthens_and_the_global_pause_comes_first() -> N
     limiter.pause(5.0, bucket="reads")
     limiter.pause(0.0, bucket="reads")
     assert limiter.paused_for("reads") == pytest.approx(29.0)
-    # and a global pause meanwhile answers with its own rest while it lasts
+    # and with a global pause meanwhile, each acquire waits for the longest pause that holds it
     limiter.pause(10.0)
-    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(10.0)
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(29.0)
+    assert limiter.acquire("account") == pytest.approx(10.0)
     clock.now += 10.0
     assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(19.0)
     assert limiter.acquire("account") == 0.0
