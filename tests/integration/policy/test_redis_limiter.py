@@ -16,6 +16,7 @@ import redis
 
 from dispatcher.context import READS_BUCKET, limits_of, pause_after_429
 from dispatcher.policy.ratelimit import WINDOW_S, Limit, RedisLimiter, acquire_all, route_bucket
+from tests.conftest import REPO_ROOT
 from tests.support import reads_share
 
 pytestmark = pytest.mark.integration
@@ -264,3 +265,29 @@ def test_after_a_429_the_sends_are_granted_again_before_the_reads(client: redis.
     assert grants.reads[0] == pytest.approx(10.0)
     # and the pauses are two keys under the prefix
     assert client.exists(limiter.pause_key(), limiter.pause_key(READS_BUCKET)) == 2
+
+
+def test_the_benchmarks_count_of_grants_by_bucket(client: redis.Redis, redis_url: str, prefix: str) -> None:
+    # given the end-to-end benchmark's counter of the limiter's grants (scripts/bench/common.py)
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("bench_common", REPO_ROOT / "scripts" / "bench" / "common.py")
+    assert spec is not None and spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    limiter = RedisLimiter(client, {"account": Limit(100), "reads": Limit(100)}, key_prefix=prefix)
+    limiter.acquire("account")  # before the count begins: not counted
+    time.sleep(0.01)
+    # when 7 sends and 3 reads are granted while it counts, every 10 ms, and 2 refused
+    with common.LimiterGrants(redis_url, interval_s=0.01, key_prefix=prefix) as grants:
+        for _ in range(7):
+            assert limiter.acquire("account") == 0.0
+            time.sleep(0.005)
+        for _ in range(3):
+            assert acquire_all(limiter, ["account", "reads"]) == 0.0
+        limiter.pause(60.0, bucket="reads")
+        assert acquire_all(limiter, ["account", "reads"]) > 0 and acquire_all(limiter, ["account", "reads"]) > 0
+    # then it counted each grant once, by bucket, and the reads' share of them
+    assert grants.summary() == {"by_bucket": {"account": 10, "reads": 3}, "reads_share": 0.3,
+                                "most_reads_in_a_minute": 3, "most_grants_in_a_minute": 10}
