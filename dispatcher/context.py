@@ -6,6 +6,8 @@ Built once per worker process by ``workers/`` (or by a test, with fakes) and han
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 import threading
 import time
@@ -16,9 +18,10 @@ from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.api import Inbox, WorkspaceClient
+from dispatcher.api import Inbox, RateLimited, WorkspaceClient
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import ConfigurationError, DispatcherError
+from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
 from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
 from dispatcher.policy.readback import ReadBackPlan
@@ -28,8 +31,23 @@ from dispatcher.settings import DEFAULT_WORKSPACE, Route, Settings
 from dispatcher.store.account import TOP_LEVEL_INSTANCE
 from dispatcher.store.models import utcnow
 
+log = logging.getLogger(__name__)
+
 ACCOUNT_BUCKET = "account"
 SEARCH_BUCKET = "search"
+# Sends before reads (docs/tracking.md): every status read of tracking (the consumer's, the
+# read-backs', the deadline's) takes this bucket together with ``account``, all or nothing, and
+# its limit is reads_fraction_of_api_requests of the account's. Why a bucket of its own rather
+# than priorities or a reservation: the sliding windows already hold the guarantee with nothing
+# new in them. Reads can never take more than their share in any minute, so sends always find the
+# rest of the account's budget free, and sends, which take ``account`` alone, may use all of it
+# while no read wants it. The reads the send path makes (looking for an earlier try's message
+# before a resend, dispatcher/sending/recover.py) are part of a send and do not take it. A read
+# the bucket refuses waits as for any limiter wait (``Wait``: the consumer's task, the read-backs
+# and the deadline's read come back later).
+READS_BUCKET = "reads"
+# After a 429 the reads wait this many times the sends' pause, so the sends resume first.
+READS_PAUSE_FACTOR = 2.0
 INBOX_CACHE_TTL_S = 300.0
 T = TypeVar("T")
 INBOX_REFRESH_MIN_GAP_S = 5.0  # a route whose inbox is missing must not turn into a listInboxes storm
@@ -93,11 +111,17 @@ def limits_of(settings: Settings) -> dict[str, Limit]:
     limits = {
         ACCOUNT_BUCKET: Limit(per_minute=settings.api_requests_per_minute),
         SEARCH_BUCKET: Limit(per_minute=settings.contact_searches_per_minute),
+        READS_BUCKET: Limit(per_minute=reads_per_minute(settings)),
     }
     for name, route in settings.routes.items():
         if route.max_per_minute is not None:
             limits[route_bucket(name)] = Limit(per_minute=route.max_per_minute)
     return limits
+
+
+def reads_per_minute(settings: Settings) -> int:
+    """The status reads' limit: their share of the account's, rounded up (at least one a minute)."""
+    return math.ceil(settings.reads_fraction_of_api_requests * settings.api_requests_per_minute)
 
 
 def require_shared_limits(settings: Settings) -> None:
@@ -178,8 +202,20 @@ class Wait(DispatcherError):
         super().__init__(f"wait {delay_s:.1f}s: {reason}")
 
 
+def pause_after_429(limiter: Limiter, pause_s: float) -> None:
+    """The workspace answered 429: every call waits ``pause_s``, the status reads twice as long,
+    so the sends resume first. Each pause only ever lengthens."""
+    limiter.pause(pause_s)
+    limiter.pause(READS_PAUSE_FACTOR * pause_s, bucket=READS_BUCKET)
+
+
 def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
-    """Take the shared rate-limit slots for one API call, then make it."""
+    """Take the shared rate-limit slots for one API call, then make it.
+
+    A call that takes :data:`READS_BUCKET` is a status read: its 429 pauses the limiter here, and
+    the error goes on to the caller as before. Tracking turns a failed read into "unreadable" or a
+    spent try and has no retry decision to pause with; the send path pauses from its own decision
+    (``Decision.pause_s``, which grows with the tries)."""
     wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
     if wait_s > 0:
         if wait_s > ctx.max_inline_wait_s:
@@ -188,4 +224,22 @@ def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
         wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
         if wait_s > 0:
             raise Wait(wait_s, "rate limit")
-    return call()
+    try:
+        return call()
+    except RateLimited as error:
+        if READS_BUCKET in buckets:
+            _pause_after_read_429(ctx, error)
+        raise
+
+
+def _pause_after_read_429(ctx: SendContext, error: RateLimited) -> None:
+    """A 429 to a status read. The workspace counts every call of the client address, not reads
+    apart, so it pauses the sends too: a send made now would only draw the next 429 and spend one
+    of its tries. The sends' pause is the Retry-After, else the first retry's backoff (a send's
+    first 429 pauses as long); the reads' twice that."""
+    pause_s = error.retry_after_s
+    if pause_s is None:
+        pause_s = backoff_s(0, base_s=ctx.plan.base_s, cap_s=ctx.plan.cap_s, rng=ctx.rng)
+    pause_after_429(ctx.limiter, pause_s)
+    log.info("429 to a status read (%s): sends pause %.1f s, reads %.1f s", error.operation, pause_s,
+             READS_PAUSE_FACTOR * pause_s)

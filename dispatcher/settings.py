@@ -333,6 +333,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, repr=False)  # shared limiter; default: the broker when it is Redis
     api_requests_per_minute: int = Field(default=2400, gt=0)  # the service allows 3,000 per client address
     contact_searches_per_minute: int = Field(default=90, gt=0)  # the service allows 100 per account
+    # Sends before reads: tracking's status reads (webhooks without a status, read-backs, the
+    # deadline's read) may take at most this fraction (0 < f <= 1) of api_requests_per_minute, so
+    # that reads after an evening batch never fill the budget new sends need; sends may use all of
+    # it. A 429 pauses the reads twice as long as the sends (docs/tracking.md, "Sends before reads").
+    reads_fraction_of_api_requests: float = Field(default=0.2, gt=0, le=1)
     # A send task that died this many times on one attempt (a crash loop: a killed worker, a bug that
     # kills the process) is set aside as crash_loop until an operator retries it; apart from
     # retry_max_tries, which counts only calls that reached the workspace.

@@ -11,8 +11,10 @@ per-route cap, e.g. the low-volume web-session channel). A bucket without a conf
 :class:`Limit` is refused with ValueError: a typo must not switch a limit off.
 
 A 429 pauses EVERY worker: :meth:`Limiter.pause` makes every acquire answer "wait" until the
-pause ends. Several buckets are taken all-or-nothing (:func:`acquire_all`): a refusal consumes
-nothing anywhere, so no grant is lost.
+pause ends. A pause may also hold one bucket only (``pause(seconds, bucket=...)``): every acquire
+that takes that bucket waits, the others go on. That is how a lane of calls backs off longer than
+the rest (the status reads, :mod:`dispatcher.context`). Several buckets are taken all-or-nothing
+(:func:`acquire_all`): a refusal consumes nothing anywhere, so no grant is lost.
 
 Implementations: :class:`RedisLimiter` (across processes and hosts, atomic in Redis) and
 :class:`LocalLimiter` (one process, thread-safe, for the embedded setup without Redis: N worker
@@ -44,6 +46,7 @@ _MIN_WAIT_S = 0.001  # a refusal always says "wait" with a positive number
 # ("{dispatcher:rl}:") so one script's keys share a slot.
 DEFAULT_KEY_PREFIX = "dispatcher:rl:"
 PAUSE_KEY = "pause"  # string: pause end, unix ms; expires when the pause ends
+BUCKET_PAUSE_KEY = "pause:{bucket}"  # string: the same, for one bucket's own pause
 BUCKET_KEY = "bucket:{bucket}"  # sorted set: one member per grant, score = grant time, unix ms
 
 
@@ -70,12 +73,13 @@ class Limiter(Protocol):
         """Take one slot in each bucket, all or nothing; same answer as :meth:`acquire`."""
         ...
 
-    def pause(self, seconds: float) -> None:
-        """Refuse every acquire for ``seconds`` from now; never shortens a longer pause."""
+    def pause(self, seconds: float, *, bucket: str | None = None) -> None:
+        """Refuse every acquire (with ``bucket``: every acquire that takes it) for ``seconds`` from
+        now; never shortens a longer pause."""
         ...
 
-    def paused_for(self) -> float:
-        """Seconds left in the current pause, 0.0 when none."""
+    def paused_for(self, bucket: str | None = None) -> float:
+        """Seconds left in the global pause (with ``bucket``: in that bucket's own), 0.0 when none."""
         ...
 
 
@@ -113,6 +117,7 @@ class LocalLimiter:
         self._lock = threading.Lock()
         self._grants: dict[str, deque[float]] = {bucket: deque() for bucket in self._limits}
         self._paused_until = float("-inf")
+        self._bucket_paused_until: dict[str, float] = {}
 
     def acquire(self, bucket: str) -> float:
         return self.acquire_many((bucket,))
@@ -122,9 +127,12 @@ class LocalLimiter:
         _check_buckets(self._limits, unique)
         with self._lock:
             now = self._clock()
+            # The pauses first: the answer is the longest of the global one and the buckets' own.
+            wait_s = max([0.0, *(self._bucket_paused_until.get(bucket, now) - now for bucket in unique)])
             if self._paused_until > now:
-                return self._paused_until - now
-            wait_s = 0.0
+                return max(self._paused_until - now, wait_s)
+            if wait_s > 0:
+                wait_s = max(wait_s, _MIN_WAIT_S)
             for bucket in unique:
                 grants = self._grants[bucket]
                 while grants and grants[0] <= now - WINDOW_S:
@@ -137,36 +145,50 @@ class LocalLimiter:
                 self._grants[bucket].append(now)
             return 0.0
 
-    def pause(self, seconds: float) -> None:
+    def pause(self, seconds: float, *, bucket: str | None = None) -> None:
+        if bucket is not None:
+            _check_buckets(self._limits, (bucket,))
         if not seconds > 0:
             return
         with self._lock:
-            self._paused_until = max(self._paused_until, self._clock() + seconds)
+            until = self._clock() + seconds
+            if bucket is None:
+                self._paused_until = max(self._paused_until, until)
+            else:
+                self._bucket_paused_until[bucket] = max(self._bucket_paused_until.get(bucket, until), until)
 
-    def paused_for(self) -> float:
+    def paused_for(self, bucket: str | None = None) -> float:
         with self._lock:
-            return max(0.0, self._paused_until - self._clock())
+            until = self._paused_until if bucket is None else self._bucket_paused_until.get(bucket, float("-inf"))
+            return max(0.0, until - self._clock())
 
 
-# KEYS[1] pause key, KEYS[2..] bucket keys; ARGV: now_ms, window_ms, member, one limit per bucket.
+# KEYS[1] the global pause key, then per bucket its key and its own pause key (KEYS[2j], KEYS[2j+1]
+# for bucket j); ARGV: now_ms, window_ms, member, one limit per bucket (ARGV[3+j]).
 # Returns 0 (granted in every bucket) or the wait in ms (nothing taken anywhere).
 _ACQUIRE_LUA = """
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local paused_until = tonumber(redis.call('GET', KEYS[1]) or '0')
-if paused_until > now then return paused_until - now end
+local buckets = (#KEYS - 1) / 2
 local wait = 0
-for i = 2, #KEYS do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
-  if redis.call('ZCARD', KEYS[i]) >= tonumber(ARGV[i + 2]) then
-    local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+for j = 1, buckets do
+  local bucket_paused_until = tonumber(redis.call('GET', KEYS[2 * j + 1]) or '0')
+  if bucket_paused_until > now then wait = math.max(wait, bucket_paused_until - now) end
+end
+local paused_until = tonumber(redis.call('GET', KEYS[1]) or '0')
+if paused_until > now then return math.max(paused_until - now, wait) end
+for j = 1, buckets do
+  local key = KEYS[2 * j]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  if redis.call('ZCARD', key) >= tonumber(ARGV[3 + j]) then
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     wait = math.max(wait, tonumber(oldest[2]) + window - now, 1)
   end
 end
 if wait > 0 then return wait end
-for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[i], window)
+for j = 1, buckets do
+  redis.call('ZADD', KEYS[2 * j], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[2 * j], window)
 end
 return 0
 """
@@ -205,27 +227,37 @@ class RedisLimiter:
             return self._prefix + PAUSE_KEY
         return self._prefix + BUCKET_KEY.format(bucket=bucket)
 
+    def pause_key(self, bucket: str | None = None) -> str:
+        """The Redis key of a bucket's own pause, or of the global pause when ``bucket`` is None."""
+        if bucket is None:
+            return self._prefix + PAUSE_KEY
+        return self._prefix + BUCKET_PAUSE_KEY.format(bucket=bucket)
+
     def acquire(self, bucket: str) -> float:
         return self.acquire_many((bucket,))
 
     def acquire_many(self, buckets: Sequence[str]) -> float:
         unique = tuple(dict.fromkeys(buckets))
         _check_buckets(self._limits, unique)
-        keys = [self.key()] + [self.key(bucket) for bucket in unique]
+        keys = [self.pause_key()]
+        for bucket in unique:
+            keys += [self.key(bucket), self.pause_key(bucket)]
         args: list[int | str] = [_now_ms(self._clock), int(WINDOW_S * 1000), secrets.token_hex(8)]
         args += [self._limits[bucket].per_minute for bucket in unique]
         wait_ms = int(self._acquire(keys=keys, args=args))
         return max(wait_ms / 1000.0, _MIN_WAIT_S) if wait_ms > 0 else 0.0
 
-    def pause(self, seconds: float) -> None:
+    def pause(self, seconds: float, *, bucket: str | None = None) -> None:
+        if bucket is not None:
+            _check_buckets(self._limits, (bucket,))
         if not seconds > 0:
             return
         pause_ms = math.ceil(seconds * 1000)
         # The key outlives the pause by a second, so clock drift never ends it early.
-        self._pause(keys=[self.key()], args=[_now_ms(self._clock) + pause_ms, pause_ms + 1000])
+        self._pause(keys=[self.pause_key(bucket)], args=[_now_ms(self._clock) + pause_ms, pause_ms + 1000])
 
-    def paused_for(self) -> float:
-        value: Any = self._client.get(self.key())  # bytes from a synchronous client
+    def paused_for(self, bucket: str | None = None) -> float:
+        value: Any = self._client.get(self.pause_key(bucket))  # bytes from a synchronous client
         if value is None:
             return 0.0
         return max(0.0, (float(value) - _now_ms(self._clock)) / 1000.0)

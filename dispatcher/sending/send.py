@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher import metrics, tracing
 from dispatcher.api import ApiError, Message, NotFound
-from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
+from dispatcher.context import SendContext, Wait, call_api, pause_after_429, readback_plan_of
 from dispatcher.errors import InvalidEvent
 from dispatcher.intake.request import ContactDetails, SendPayload
 from dispatcher.lifecycle import moves
@@ -323,7 +323,7 @@ def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
         return _pause_workspace(decision, notification_id, None, ctx)
     if decision.pause_s > 0:
-        ctx.limiter.pause(decision.pause_s)
+        pause_after_429(ctx.limiter, decision.pause_s)
     return None
 
 
@@ -656,7 +656,7 @@ def _look_again_later(error: ApiError, job: _Job, ctx: SendContext) -> SendResul
         why = "its conversation is gone" if gone else "the workspace could not be read by the send deadline"
         return _fail(job, ctx, OUTCOME_UNKNOWN, f"an earlier try may have sent it and {why}; not sent again", looked=True)
     if decision.pause_s > 0:
-        ctx.limiter.pause(decision.pause_s)
+        pause_after_429(ctx.limiter, decision.pause_s)
     delay_s = decision.delay_s or backoff_s(job.tries, base_s=ctx.plan.base_s, cap_s=ctx.plan.cap_s, rng=ctx.rng)
     log.info("attempt %s: looking for an earlier try's message failed (%s); looking again", job.attempt_id,
              decision.error_kind)
@@ -711,7 +711,7 @@ def _apply(decision: Decision, job: _Job, ctx: SendContext) -> SendResult:
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
         return _pause_workspace(decision, job.notification_id, job, ctx)
     if decision.pause_s > 0:
-        ctx.limiter.pause(decision.pause_s)
+        pause_after_429(ctx.limiter, decision.pause_s)
     if decision.kind is DecisionKind.GIVE_UP:
         return _fail(job, ctx, decision.error_kind, decision.reason)
     return SendResult(Outcome.RETRY, decision.reason, delay_s=decision.delay_s, deferred=decision.deferred)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher import metrics, tracing
 from dispatcher.api import ApiError
-from dispatcher.context import SendContext, Wait, call_api, readback_plan_of
+from dispatcher.context import READS_BUCKET, SendContext, Wait, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.intake.request import SendPayload
 from dispatcher.lifecycle import moves
@@ -247,9 +247,9 @@ def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int)
     if conversation_id is None:
         return {}, set()
     began = ctx.clock()
-    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id))
+    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id), READS_BUCKET)
     if all(message.id != message_id for message in page.messages):
-        page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1))
+        page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1), READS_BUCKET)
     listed = {message.id: message for message in page.messages}
     with ctx.sessions.begin() as session:
         ours = store.note_read(session, ctx.settings.workspace_name, list(listed), at=began)

@@ -320,6 +320,70 @@ def machine() -> dict[str, Any]:
     }
 
 
+class LimiterGrants:
+    """The shared rate limiter's grants by bucket while a run lasts, read from the limiter's Redis
+    (the run's own): for the status reads' share of the limiter, grants to ``reads`` / grants to
+    ``account`` (every API call takes ``account``; tracking's status reads take ``reads`` too).
+
+    A grant is one member, the same in each bucket it took, of the buckets' sorted sets, scored
+    with its time and kept for the 60 s window (dispatcher/policy/ratelimit.py). A thread reads
+    the members granted since the start every ``interval_s`` (well inside those 60 s) and once at
+    the end, so no grant is missed and none is counted twice. Nothing is written to Redis."""
+
+    def __init__(self, redis_url: str, *, interval_s: float = 5.0, key_prefix: str = "dispatcher:rl:*") -> None:
+        import threading
+
+        import redis
+
+        self._client = redis.Redis.from_url(redis_url, socket_timeout=5)
+        self._interval_s = interval_s
+        self._match = key_prefix + "bucket:*"  # the workers' prefix is dispatcher:rl:<account>: (make_limiter)
+        self._since_ms = 0
+        self._granted: dict[str, dict[bytes, float]] = {}  # by bucket: member -> grant time, unix ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="limiter-grants", daemon=True)
+
+    def __enter__(self) -> LimiterGrants:
+        self._since_ms = int(time.time() * 1000)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._collect()
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._collect()
+
+    def _collect(self) -> None:
+        for key in self._client.scan_iter(match=self._match):
+            bucket = key.decode().split("bucket:", 1)[1]
+            members = self._client.zrangebyscore(key, self._since_ms, "+inf", withscores=True)
+            self._granted.setdefault(bucket, {}).update(members)
+
+    def most_in_a_minute(self, bucket: str) -> int:
+        """The most grants of ``bucket`` in any 60-second span of the run."""
+        times = sorted(self._granted.get(bucket, {}).values())
+        most, first = 0, 0
+        for last, at in enumerate(times):
+            while times[first] <= at - 60_000:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
+
+    def summary(self) -> dict[str, Any]:
+        """Grants by bucket, the reads' share of all grants (None when nothing was granted), and
+        the most reads and the most grants in any 60 s."""
+        counts = {bucket: len(members) for bucket, members in sorted(self._granted.items()) if members}
+        total = counts.get("account", 0)
+        return {"by_bucket": counts, "reads_share": round(counts.get("reads", 0) / total, 3) if total else None,
+                "most_reads_in_a_minute": self.most_in_a_minute("reads"),
+                "most_grants_in_a_minute": self.most_in_a_minute("account")}
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the benchmark's result as JSON (the last stdout line block ``all`` reads)."""
     result.setdefault("finished_at", datetime.now(UTC).isoformat(timespec="seconds"))

@@ -574,7 +574,19 @@ def _end_to_end_details(b: dict[str, Any]) -> list[str]:
             f" {_fmt(base['cpu_ms_per_task']['broker'], 2)}), so a notification costs as much as"
             f" {_fmt(r['ratio_to_noop_task'], 0)} of them. Target: at most {_fmt(r['target_ms'], 0)} ms:"
             f" {_verdict(r['met'])}. What holds it back is in the section \"End to end, by component\" below.", ""]
+    out += _reads_share_line(o.get("limiter_grants"))
     return out
+
+
+def _reads_share_line(grants: dict[str, Any] | None) -> list[str]:
+    """The status reads' share of the shared limiter's grants in the same run (docs/tracking.md)."""
+    if not grants or grants.get("reads_share") is None:
+        return []
+    counts = grants["by_bucket"]
+    return [f"Status reads took {_fmt(grants['reads_share'], 3)} of the limiter's grants ({counts.get('reads', 0):,} of"
+            f" {counts.get('account', 0):,}; at most {grants['most_reads_in_a_minute']:,} in any 60 s) at a budget of"
+            f" {grants['api_requests_per_minute']:,} a minute, of which reads may take"
+            f" {_fmt(grants['reads_fraction_of_api_requests'], 2)}.", ""]
 
 
 def _states(states: dict[str, int]) -> str:

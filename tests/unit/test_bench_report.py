@@ -68,3 +68,13 @@ def test_the_other_broker_is_compared_with_the_same_figure_of_the_run() -> None:
     assert verdicts({"send_path": ran(redis), "send_path_other_broker": ran(far)})[12] == [False]
     # without the run it is compared with, there is no verdict at all (not a "met")
     assert 12 not in verdicts({"send_path_other_broker": ran(close)})
+
+
+def test_the_reads_share_line_names_the_share_its_counts_and_the_budget_and_is_left_out_without_them() -> None:
+    grants = {"by_bucket": {"account": 768, "reads": 168}, "reads_share": 0.219, "most_reads_in_a_minute": 120,
+              "most_grants_in_a_minute": 600, "api_requests_per_minute": 600, "reads_fraction_of_api_requests": 0.2}
+    [line, blank] = report._reads_share_line(grants)
+    assert "0.219" in line and "168 of 768" in line and "at most 120 in any 60 s" in line and "600 a minute" in line
+    assert blank == ""
+    assert report._reads_share_line(None) == []  # a result from before the count
+    assert report._reads_share_line({**grants, "reads_share": None}) == []  # nothing granted

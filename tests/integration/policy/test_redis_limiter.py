@@ -14,17 +14,17 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from dispatcher.context import READS_BUCKET, limits_of, pause_after_429
 from dispatcher.policy.ratelimit import WINDOW_S, Limit, RedisLimiter, acquire_all, route_bucket
+from tests.conftest import REPO_ROOT
+from tests.support import reads_share
 
 pytestmark = pytest.mark.integration
 
 
-class FakeClock:
+class FakeClock(reads_share.FakeClock):
     def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(now)
 
 
 @pytest.fixture()
@@ -105,11 +105,48 @@ def test_pause_refuses_everything_until_it_ends(client: redis.Redis, prefix: str
     assert client.zcard(limiter.key("account")) == 1
 
 
+def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it(client: redis.Redis, prefix: str) -> None:
+    # given room everywhere, and a pause of the "reads" bucket alone for 20 s
+    clock = FakeClock()
+    limiter = RedisLimiter(client, {"account": Limit(100), "reads": Limit(100)}, key_prefix=prefix, clock=clock)
+    limiter.pause(20.0, bucket="reads")
+    # then an acquire that takes it waits the pause's rest; one that does not is granted
+    assert limiter.paused_for("reads") == pytest.approx(20.0) and limiter.paused_for() == 0.0
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
+    assert limiter.acquire("account") == 0.0
+    # and with a global pause meanwhile, each acquire waits for the longest pause that holds it
+    limiter.pause(10.0)
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
+    assert limiter.acquire("account") == pytest.approx(10.0)
+    # and a shorter pause later changes nothing: a pause only lengthens
+    clock.now += 15.0
+    limiter.pause(1.0, bucket="reads")
+    assert limiter.acquire("reads") == pytest.approx(5.0)
+    # and afterwards it grants again, the refusals having taken nothing
+    clock.now += 5.0
+    assert acquire_all(limiter, ["account", "reads"]) == 0.0
+    assert client.zcard(limiter.key("account")) == 2 and client.zcard(limiter.key("reads")) == 1
+    # and the bucket's pause is a key of its own under the prefix, living a second past its end
+    assert limiter.pause_key("reads") == prefix + "pause:reads"
+    assert 0 < client.pttl(limiter.pause_key("reads")) <= 21_000
+
+
+def test_a_bucket_s_pause_and_its_full_window_answer_the_longer_wait(client: redis.Redis, prefix: str) -> None:
+    # given a full bucket whose oldest grant leaves in 60 s, and a 10 s pause of it
+    limiter = RedisLimiter(client, {"reads": Limit(1)}, key_prefix=prefix, clock=FakeClock())
+    assert limiter.acquire("reads") == 0.0
+    limiter.pause(10.0, bucket="reads")
+    # then the answer is the time until both let it through
+    assert limiter.acquire("reads") == pytest.approx(WINDOW_S)
+
+
 def test_an_unknown_bucket_is_refused_before_redis(client: redis.Redis, prefix: str) -> None:
     # given limits for account only; when a typo is asked for; then ValueError, no key written
     limiter = RedisLimiter(client, {"account": Limit(1)}, key_prefix=prefix)
     with pytest.raises(ValueError):
         limiter.acquire("serach")
+    with pytest.raises(ValueError):
+        limiter.pause(5.0, bucket="raeds")
     assert list(client.scan_iter(match=prefix + "*")) == []
 
 
@@ -180,3 +217,77 @@ def test_a_pause_set_by_one_process_is_seen_by_another(redis_url: str, prefix: s
     assert 29.0 < set_for_s <= 30.0
     assert 0 < seen_for_s <= set_for_s and 0 < wait_s <= set_for_s
     assert seen_for_s > 20.0 and wait_s > 20.0
+
+
+# --- sends before reads (the scenarios of tests/unit/policy/test_reads_share.py) ---------------
+
+
+def _workers_limiter(client: redis.Redis, prefix: str, clock: FakeClock, **overrides: object) -> RedisLimiter:
+    """The buckets and limits the workers build from their settings (dispatcher.context)."""
+    return RedisLimiter(client, limits_of(reads_share.settings(**overrides)), key_prefix=prefix, clock=clock)
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_with_sends_and_reads_both_asking_reads_get_their_share_and_sends_the_rest(client: redis.Redis,
+                                                                                    prefix: str) -> None:
+    # given 600 calls a minute (reads 120), and sends and reads each asking every 40 ms for two minutes
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
+    grants = reads_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04)
+    # then in each minute the reads got their 120 and the sends the other 480
+    for start in (0.0, WINDOW_S):
+        assert (grants.in_span(grants.reads, start), grants.in_span(grants.sends, start)) == (120, 480)
+    # and never more than 120 reads in any 60-second span
+    assert grants.most_in_any_minute(grants.reads) == 120
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_reads_alone_get_no_more_than_their_share(client: redis.Redis, prefix: str) -> None:
+    # given nobody sending, and reads asking every 40 ms for two minutes
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
+    reads = reads_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04, sends=False).reads
+    # then they got 120 a minute, not the 600 nobody else wanted
+    assert len(reads) == 240
+    assert max(sum(1 for at in reads if start <= at < start + WINDOW_S) for start in reads) == 120
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_after_a_429_the_sends_are_granted_again_before_the_reads(client: redis.Redis, prefix: str) -> None:
+    # given room in every bucket, and a 429 that pauses the limiter for 5 s
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock)
+    pause_after_429(limiter, 5.0)
+    # when sends and reads both ask every 40 ms
+    grants = reads_share.ask(limiter, clock, seconds=15.0, step_s=0.04)
+    # then the sends go on after the 5 s, the reads only after twice that
+    assert grants.sends[0] == pytest.approx(5.0)
+    assert grants.reads[0] == pytest.approx(10.0)
+    # and the pauses are two keys under the prefix
+    assert client.exists(limiter.pause_key(), limiter.pause_key(READS_BUCKET)) == 2
+
+
+def test_the_benchmarks_count_of_grants_by_bucket(client: redis.Redis, redis_url: str, prefix: str) -> None:
+    # given the end-to-end benchmark's counter of the limiter's grants (scripts/bench/common.py)
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("bench_common", REPO_ROOT / "scripts" / "bench" / "common.py")
+    assert spec is not None and spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    limiter = RedisLimiter(client, {"account": Limit(100), "reads": Limit(100)}, key_prefix=prefix)
+    limiter.acquire("account")  # before the count begins: not counted
+    time.sleep(0.01)
+    # when 7 sends and 3 reads are granted while it counts, every 10 ms, and 2 refused
+    with common.LimiterGrants(redis_url, interval_s=0.01, key_prefix=prefix) as grants:
+        for _ in range(7):
+            assert limiter.acquire("account") == 0.0
+            time.sleep(0.005)
+        for _ in range(3):
+            assert acquire_all(limiter, ["account", "reads"]) == 0.0
+        limiter.pause(60.0, bucket="reads")
+        assert acquire_all(limiter, ["account", "reads"]) > 0 and acquire_all(limiter, ["account", "reads"]) > 0
+    # then it counted each grant once, by bucket, and the reads' share of them
+    assert grants.summary() == {"by_bucket": {"account": 10, "reads": 3}, "reads_share": 0.3,
+                                "most_reads_in_a_minute": 3, "most_grants_in_a_minute": 10}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from dispatcher.context import SendContext
+from dispatcher.context import READS_BUCKET, READS_PAUSE_FACTOR, SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
@@ -238,7 +238,9 @@ def test_a_rate_limit_answer_pauses_the_limiter(context: SendContext, sandbox: S
     sandbox.set_faults({"searchContacts": {"rate_limit_share": 1.0}})
     result = send_notification(notification_id, context)
     assert result.outcome is Outcome.RETRY
-    assert context.limiter.paused_for() > 0  # every worker sharing the limiter now waits
+    sends_s, reads_s = context.limiter.paused_for(), context.limiter.paused_for(READS_BUCKET)
+    assert sends_s > 0  # every worker sharing the limiter now waits
+    assert reads_s == pytest.approx(READS_PAUSE_FACTOR * sends_s, abs=0.05)  # the status reads longer: sends resume first
 
 
 def test_limiter_waits_do_not_use_up_the_tries(context: SendContext, sandbox: SandboxProcess) -> None:

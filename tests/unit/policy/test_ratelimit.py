@@ -108,6 +108,56 @@ def test_a_shorter_pause_never_shortens_a_longer_one() -> None:
     assert limiter.paused_for() == pytest.approx(59.0)
 
 
+def test_a_bucket_s_own_pause_holds_only_the_acquires_that_take_it() -> None:
+    # given room everywhere, and a pause of the "reads" bucket alone for 20 s
+    limiter, clock = make({"account": 100, "reads": 100})
+    limiter.pause(20.0, bucket="reads")
+    # then an acquire that takes it waits the pause's rest; one that does not is granted
+    assert limiter.paused_for("reads") == pytest.approx(20.0) and limiter.paused_for() == 0.0
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(20.0)
+    assert limiter.acquire("account") == 0.0
+    clock.now += 15.0
+    assert limiter.acquire("reads") == pytest.approx(5.0)
+    # and the refusals took nothing: after the pause the account bucket holds the two grants only
+    clock.now += 5.0
+    assert limiter.paused_for("reads") == 0.0
+    assert acquire_all(limiter, ["account", "reads"]) == 0.0
+    later = [limiter.acquire("account") for _ in range(99)]
+    assert later[:98] == [0.0] * 98 and later[98] > 0
+
+
+def test_a_bucket_s_pause_only_lengthens_and_the_answer_is_the_longest_pause() -> None:
+    # given a 30 s pause of one bucket; when a later one asks for 5 s; then the 30 s hold
+    limiter, clock = make({"account": 10, "reads": 10})
+    limiter.pause(30.0, bucket="reads")
+    clock.now += 1.0
+    limiter.pause(5.0, bucket="reads")
+    limiter.pause(0.0, bucket="reads")
+    assert limiter.paused_for("reads") == pytest.approx(29.0)
+    # and with a global pause meanwhile, each acquire waits for the longest pause that holds it
+    limiter.pause(10.0)
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(29.0)
+    assert limiter.acquire("account") == pytest.approx(10.0)
+    clock.now += 10.0
+    assert acquire_all(limiter, ["account", "reads"]) == pytest.approx(19.0)
+    assert limiter.acquire("account") == 0.0
+
+
+def test_a_bucket_s_pause_and_its_full_window_answer_the_longer_wait() -> None:
+    # given a full bucket whose oldest grant leaves in 60 s, and a 10 s pause of it
+    limiter, _ = make({"reads": 1})
+    assert limiter.acquire("reads") == 0.0
+    limiter.pause(10.0, bucket="reads")
+    # then the answer is the time until both let it through
+    assert limiter.acquire("reads") == pytest.approx(WINDOW_S)
+
+
+def test_pausing_an_unknown_bucket_is_refused_loudly() -> None:
+    limiter, _ = make({"account": 1})
+    with pytest.raises(ValueError, match="raeds"):
+        limiter.pause(5.0, bucket="raeds")
+
+
 def test_acquire_all_is_all_or_nothing() -> None:
     # given a web-session route capped at 1 a minute, and room in the account bucket
     route = route_bucket("web")
@@ -190,3 +240,5 @@ def test_redis_key_names_live_under_the_prefix() -> None:
     assert limiter.key() == "t:rl:pause"
     assert limiter.key("search") == "t:rl:bucket:search"
     assert limiter.key(route_bucket("web")) == "t:rl:bucket:route:web"
+    assert limiter.pause_key() == "t:rl:pause"
+    assert limiter.pause_key("search") == "t:rl:pause:search"
