@@ -162,7 +162,12 @@ def _process_run(delivery_row_id: int, run: store.DeliveryRun, ctx: SendContext,
         outcome = (tracking.apply_event(summary, ctx, enqueuer, received_at=received_at, mark_processed=mark_processed)
                    if summary is not None else "ignored_unreadable")
     except Wait:
-        raise  # not now (a read's coalescing wait, the limiter): tried again after it, no error kept
+        # Not now (a read's coalescing wait, the reads' share of the limiter): tried again after the
+        # wait, its try given back, so that waiting never sets a delivery aside. Bounded all the same:
+        # a coalescing wait ends with a read, and the reads' share frees a slot within a minute.
+        with contextlib.suppress(Exception), ctx.sessions.begin() as session:
+            store.note_delivery_error(session, delivery_row_id, error="Wait", spent_try=False)
+        raise
     except Exception as error:
         # A STOP or START reply that failed because the workspace was away (a refused token, no
         # connection) gives its try back and waits for the workspace: it needs the inbox list (the

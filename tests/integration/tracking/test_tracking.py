@@ -237,6 +237,25 @@ def test_a_burst_of_status_less_updates_in_a_conversation_costs_one_read_after_t
     assert _listed(sandbox) == before + 2
 
 
+def test_a_delivery_told_to_wait_gives_its_try_back_and_is_never_set_aside_for_waiting(
+    context: SendContext, enqueuer: ListEnqueuer
+) -> None:
+    _send(context, reminder("trk-waits", identifier="trk-p36", phone="+15550200036"))
+    message_id = intake.status(context.sessions, "trk-waits").message_id
+    assert message_id is not None
+    [row] = _recorded(context, ("w-1", _update(message_id, "w-1").model_dump(mode="json")))
+    with context.sessions.begin() as session:  # read just before it came: its read waits for the burst
+        received = session.get(WebhookDelivery, row).received_at  # type: ignore[union-attr]
+        store.note_read(session, context.settings.workspace_name, [message_id], at=received - timedelta(seconds=0.5))
+    for _ in range(context.settings.delivery_max_tries + 2):  # more runs than a delivery has tries
+        with pytest.raises(Wait):
+            process_delivery(row, context, enqueuer)
+    with context.sessions() as session:
+        delivery = session.get(WebhookDelivery, row)
+        assert delivery is not None
+        assert (delivery.tries, delivery.processed_at, delivery.outcome) == (0, None, None)
+
+
 def test_two_distinct_updates_without_a_failure_are_taken_for_delivery_though_the_workspace_says_sent(
     context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
 ) -> None:
