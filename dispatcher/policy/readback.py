@@ -13,7 +13,7 @@ accepted, sent     unconfirmed: the first read ``first_after_s`` after its last 
 delivered          on a channel that never reports ``read`` (SMS, e-mail, web session:
                    :data:`dispatcher.policy.channels.CHANNELS_REPORTING_READ`), nothing: the outcome
                    is final. Where ``read`` exists it comes from webhooks; one read,
-                   ``max_interval_s`` after the news of delivery, catches a ``read`` report lost
+                   ``first_after_s`` after the news of delivery, catches a ``read`` report lost
                    on its way, and none follows a read that found nothing new
 read, failed       never (nor an attempt whose fallback has been decided: the caller leaves those out)
 =================  ================================================================================
@@ -57,5 +57,5 @@ def next_read_at(*, state: AttemptState, reports_read: bool, accepted_at: dateti
         interval_s = min(max(plan.first_after_s, age_s / 4), plan.max_interval_s)
         return min(now + timedelta(seconds=interval_s), end)
     if state is AttemptState.DELIVERED and reports_read and not after_read:
-        return min(now + timedelta(seconds=plan.max_interval_s), end)
+        return min(now + timedelta(seconds=plan.first_after_s), end)
     return None

@@ -161,14 +161,14 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     assert "fault 422" in trace("refusals", 4) and "failed (rejected" in trace("refusals", 4)
     assert "replies STOP" in trace("opt-outs", 0)
     assert "operator retries ev-0" in trace("crash-loop", 0)
-    assert "resend_as_template" in trace("lost-answers", 7)
+    assert "resend_as_template" in trace("lost-answers", 24)
     assert "looking for an earlier try's message" in trace("lost-answers", 12)
     assert "adopted" in trace("lost-answers", 13)
     assert "host cancels ev-1: cancelled" in trace("cancels", 1)
     assert "too late (failed)" in trace("cancels", 6) and "too late (sending)" in trace("cancels", 27)
     assert "unreachable: past the send deadline" in trace("outage", 21)
-    assert "outcome_unknown: past the send deadline" in trace("outage", 30)
-    assert "auth: past the send deadline" in trace("outage", 30)
+    assert "outcome_unknown: past the send deadline" in trace("outage", 85)
+    assert "auth: past the send deadline" in trace("outage", 7)
     assert "window_past_deadline" in trace("quiet-hours", 19)
     assert "host retries ev-0: queued" in trace("retries", 3)
     refused = trace("provider-refusals", 16)  # 21610: on the first route (no fallback), on the fallback (it ends)
@@ -185,7 +185,9 @@ def test_the_mutation_worlds_reach_what_they_are_for() -> None:
     # a consumer task of several deliveries applies some together, and a failure among them gets its decision
     together = re.compile(r"outcomes d\d+(\+d\d+)+: d\d+ (applied_\w+|fallback|no_fallback)")
     assert {match.group(2).startswith("applied_") for match in together.finditer(trace("group-commit", 1))} == {True, False}
-    assert re.search(r"outcomes d\d+(\+d\d+)+: d\d+ ignored_no_status", trace("group-commit-stock", 1))
+    # a stock event carries its message's own status when that message is its conversation's latest
+    # (conversation.messages[0]), so stock deliveries are applied together too
+    assert re.search(r"outcomes d\d+(\+d\d+)+: d\d+ applied_\w+", trace("group-commit-stock", 1))
 
 
 def test_every_schedule_of_a_small_world() -> None:
@@ -302,9 +304,9 @@ def test_a_cancel_that_leaves_the_attempt_to_the_workers_is_caught(monkeypatch: 
 def test_a_131047_that_falls_back_though_the_request_carries_a_template_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """template_resend bites: a consumer that no longer sees the request's template falls back
     after the platform refused the free text, instead of resending the approved template."""
-    assert run(WORLDS["lost-answers"], seed=7, keep_trace=False).ok
+    assert run(WORLDS["lost-answers"], seed=24, keep_trace=False).ok
     monkeypatch.setattr(outcomes, "_carries_template", lambda body: False)
-    outcome = run(WORLDS["lost-answers"], seed=7, keep_trace=False)
+    outcome = run(WORLDS["lost-answers"], seed=24, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["template_resend"]
 
 
@@ -432,12 +434,13 @@ MUTATION_WORLDS = (
     + [("opt-outs", seed) for seed in range(5)]  # opt-outs and STOP replies before, during and after the claims
     + [("crash-loop", 0)]  # set aside, retried by an operator
     + [("cancels", seed) for seed in (1, 6, 27, 94)]  # cancelled; too late once failed, or while sending; 94: see above
-    # lost answers: 5 and 12 look for an earlier message and fail to read it, 7 resends as the
-    # template after a 131047, 13 adopts a message whose answer was lost
-    + [("lost-answers", seed) for seed in (5, 7, 12, 13)]
+    # lost answers: 5 and 12 look for an earlier message and fail to read it, 24 resends as the
+    # template after a 131047 (7 did before the tracking of issue 44 changed its draws), 13 adopts a
+    # message whose answer was lost
+    + [("lost-answers", seed) for seed in (5, 7, 12, 13, 24)]
     # Chosen by branch coverage (docs/simulation.md, "Choosing the seeds"): each adds at least eight
     # branches of the three mutated modules that the seeds before it do not take.
-    + [("outage", seed) for seed in (1, 3, 6, 10, 12, 13, 15, 17, 18, 21, 22, 30)]  # past the send deadline, and back
+    + [("outage", seed) for seed in (1, 3, 6, 7, 10, 12, 13, 15, 17, 18, 21, 22, 30, 85)]  # past the send deadline, and back
     + [("provider-refusals", seed) for seed in (16, 17, 19, 21)]  # 21610 on either route, a template failing after 131047
     + [("redeliveries", seed) for seed in (2, 7, 10, 12, 21, 23)]  # crash after crash of one notification's runs
     + [("small", seed) for seed in (3, 5, 18)]

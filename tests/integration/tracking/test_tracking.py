@@ -341,8 +341,8 @@ def test_reconciliation_brings_lost_webhooks_to_the_true_state(
 def test_a_delivered_platform_message_whose_read_report_was_lost_is_read_back_once(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    # reconcile_max_interval_s, the one read's delay after delivered, made short so the test need not wait 300 s
-    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01, reconcile_max_interval_s=0.05):
+    # reconcile_after_s, the one read's delay after delivered, made short so the test need not wait a minute
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
         _send(ctx, reminder("trk-read", identifier="trk-p11", phone="+15550400011"))
         message_id = intake.status(ctx.sessions, "trk-read").message_id
         assert message_id is not None
@@ -361,7 +361,7 @@ def test_a_delivered_platform_message_whose_read_report_was_lost_is_read_back_on
 def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01, reconcile_max_interval_s=0.05):
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
         # a platform reminder whose recipient never reads it, and an SMS (whose channel never reports read)
         _send(ctx, reminder("trk-unread", identifier="trk-p13", phone="+15550200013"))  # never confirmed on WhatsApp
         sms = reminder("trk-sms", identifier="trk-p14", phone="+15550400014", route="sms")

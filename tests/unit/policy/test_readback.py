@@ -52,7 +52,7 @@ def test_a_delivered_message_on_a_channel_without_read_is_never_read_back(channe
 
 @pytest.mark.parametrize("channel", [ChannelKind.MESSAGING_PLATFORM, ChannelKind.OTHER])
 def test_a_delivered_message_where_read_exists_is_read_back_once_for_a_lost_read_report(channel: ChannelKind) -> None:
-    assert reads_in_an_hour(AttemptState.DELIVERED, channel, news_at_s=1) == [301]
+    assert reads_in_an_hour(AttemptState.DELIVERED, channel, news_at_s=1) == [61]
 
 
 @pytest.mark.parametrize("state", [AttemptState.READ, AttemptState.FAILED, AttemptState.QUEUED])
