@@ -80,6 +80,10 @@ FIRST_RATE_GUESS_PER_S = 5.0  # spreads the first kills until the measured rate 
 CONTACTS_PER_NOTIFICATION = 0.25  # about four notifications per contact: shared conversations, racing workers
 UNDELIVERABLE_CONTACT_SHARE = 0.10  # +1555010...: 131026 on the platform inbox, SMS delivered
 SILENT_CONTACT_SHARE = 0.02  # +1555020...: stay "sent" forever on inboxes 1 and 2 (deadline decisions)
+# +1555071...: delivered, then a late "sent" overwrites it in the workspace, and never read (issue 44:
+# the field's out-of-order status); they must end delivered, never with a fallback
+OVERWRITTEN_CONTACT_SHARE = 0.10
+LATE_SENT_S = (0.05, 0.3)  # the late "sent" after delivered, drawn per run (the field's can come within 50 ms)
 TEMPLATE_MISMATCH_SHARE = 0.07  # test_results_ready with 2 params; the platform approved 1: 132000
 # The reminders route's delivery deadline in the README's test command: the example's 900 s would
 # keep the silent recipients' notifications open for 15 minutes, past CI's time. A route's
@@ -173,7 +177,7 @@ class Planned:
     """One notification of the run and what the sandbox's seed will make of it."""
 
     event_id: str
-    kind: str  # ok | undeliverable (131026) | template (132000) | silent (never confirmed)
+    kind: str  # ok | undeliverable (131026) | template (132000) | silent (never confirmed) | overwritten (late sent)
     request: dict[str, Any]
 
 
@@ -186,6 +190,8 @@ def plan_notifications(rng: random.Random, count: int) -> list[Planned]:
             recipients.append(("undeliverable", f"+1555010{number:04d}"))
         elif roll < UNDELIVERABLE_CONTACT_SHARE + SILENT_CONTACT_SHARE:
             recipients.append(("silent", f"+1555020{number:04d}"))
+        elif roll < UNDELIVERABLE_CONTACT_SHARE + SILENT_CONTACT_SHARE + OVERWRITTEN_CONTACT_SHARE:
+            recipients.append(("overwritten", f"+1555071{number:04d}"))
         else:
             recipients.append(("ok", f"+1555040{number:04d}"))
     planned = []
@@ -203,11 +209,13 @@ def plan_notifications(rng: random.Random, count: int) -> list[Planned]:
 
 
 def sandbox_config(seed: int) -> str:
+    late_sent_s = round(random.Random(seed).uniform(*LATE_SENT_S), 3)
     return f"""
 [behaviour]
 delivered_after_s = 0.2
 read_after_s = 0.3
 failed_after_s = 0.1
+late_sent_after_s = {late_sent_s}
 random_seed = {seed}
 
 [webhooks]
@@ -882,6 +890,22 @@ def error_kinds(rows: dict[str, Row]) -> dict[str, dict[str, int]]:
     return {"notifications": dict(own.most_common()), "attempts": dict(any_attempt.most_common())}
 
 
+def reached(message: dict[str, Any]) -> str | None:
+    """The furthest status the sandbox's message reached (a late "sent" may have overwritten it since)."""
+    return message.get("highest_status") or message.get("status")
+
+
+def calls_per_notification(calls: dict[str, int], notifications: int) -> dict[str, float]:
+    """The workspace's calls by operation, per notification handed over (listInboxes too)."""
+    return {operation: round(count / max(notifications, 1), 3) for operation, count in sorted(calls.items())}
+
+
+def reads_per_message(calls: dict[str, int], messages: list[dict[str, Any]]) -> float:
+    """listMessages calls per outgoing message the workspace holds (first sends and fallbacks)."""
+    outgoing = sum(1 for message in messages if message["inbox_id"] in (PLATFORM_INBOX, SMS_INBOX))
+    return round(calls.get("listMessages", 0) / max(outgoing, 1), 3)
+
+
 def reads_not_followed(rows: dict[str, Row], messages: list[dict[str, Any]]) -> int:
     """Attempts still delivered here whose message the sandbox says is read: a lost read report
     that reconciliation has not yet followed through."""
@@ -920,9 +944,10 @@ def messages_by_event(messages: list[dict[str, Any]]) -> tuple[dict[str, dict[in
 
 EXPECTED = {  # kind -> (attempt 1 state, decision, reason prefix, SMS status or None)
     "ok": ("read", None, None, None),
-    "undeliverable": ("failed", "fallback", "undeliverable (131026)", "read"),
+    "undeliverable": ("failed", "fallback", "undeliverable (131026)", "delivered"),  # an SMS is never read
     "template": ("failed", "none", "template_misconfigured (132000)", None),
     "silent": ("sent", "fallback", DEADLINE_REASON, "sent"),
+    "overwritten": ("delivered", None, None, None),  # the workspace says sent; the message arrived
 }
 
 
@@ -982,7 +1007,8 @@ def check(planned: list[Planned], rows: dict[str, Row], messages: list[dict[str,
                 verdict.add("the dispatcher knows its message", event_id,
                             f"attempt {number} has message {attempt['message_id']}, the sandbox {message['id']}")
                 continue
-            ours, theirs = attempt["state"], message["status"]
+            # what the recipient got: the furthest status, whatever a late "sent" stored after it
+            ours, theirs = attempt["state"], reached(message)
             if ours == theirs:
                 continue
             if ours == "delivered" and theirs == "read":
@@ -1014,10 +1040,12 @@ def check(planned: list[Planned], rows: dict[str, Row], messages: list[dict[str,
                             f"notification failed ({row.error_kind}), attempts {sorted(kinds, key=str)}, no message")
         if set_aside(row):
             verdict.add("none set aside as crash_loop", event_id, f"notification {row.state}, error_kind {row.error_kind}")
-        # issue 22: no fallback decided for a first-route message the platform delivered
-        if row.fallback_decision == "fallback" and any(m["status"] in ("delivered", "read") for m in first):
+        # issue 22: no fallback decided for a first-route message the platform delivered; issue 44: nor
+        # for one it ever delivered, though a late "sent" overwrote it (a wrong fallback: a second message)
+        if row.fallback_decision == "fallback" and any(reached(m) in ("delivered", "read") for m in first):
             verdict.add("no fallback for a message that exists", event_id,
-                        f"decided fallback ({row.fallback_reason}) while the sandbox says {first[0]['status']}")
+                        f"decided fallback ({row.fallback_reason}) while the sandbox's message reached {reached(first[0])}"
+                        f" (it says {first[0]['status']})")
         # no notification left without a terminal or confirmed state
         unsettled = settled_state(row)
         if unsettled is not None:

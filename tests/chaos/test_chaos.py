@@ -33,6 +33,7 @@ from chaos_harness import (
     IntakeProgress,
     Planned,
     Sampler,
+    calls_per_notification,
     check,
     delivery_outcomes,
     dump_event,
@@ -44,6 +45,7 @@ from chaos_harness import (
     private_data_in,
     read_store,
     reads_not_followed,
+    reads_per_message,
     running_stack,
     set_aside,
     settings_of,
@@ -356,6 +358,8 @@ def _counts(config: ChaosConfig, planned: list[Planned], controller: Controller,
         "faults": dict(faults_by_kind),
         "faults_by_operation": stats.get("faults", {}),
         "calls": stats.get("calls", {}),
+        "calls_per_notification": calls_per_notification(stats.get("calls", {}), len(planned)),
+        "reads_per_message": reads_per_message(stats.get("calls", {}), messages),
         "webhooks": stats.get("webhooks", {}),
         "deliveries": dict(delivery_outcomes(engine).most_common()),
         "tasks": _task_results(logs),
@@ -434,6 +438,9 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"faults drawn by the sandbox {report['faults']}",
         f"faults by operation {report['faults_by_operation']}",
         f"API calls {report['calls']}",
+        f"API calls per notification {report['calls_per_notification']}; listMessages a message "
+        f"{report['reads_per_message']}; wrong fallbacks (for a message that reached delivered) "
+        f"{report['fallback_for_existing']}",
         f"webhooks: events {hooks.get('events', 0)}, duplicated {hooks.get('duplicated', 0)}, "
         f"reordered {hooks.get('reordered', 0)}, dropped {hooks.get('dropped', 0)}, delivered {hooks.get('delivered', 0)}, "
         f"retries {hooks.get('retries', 0)}, gave up {hooks.get('gave_up', 0)}",

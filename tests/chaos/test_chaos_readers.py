@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from chaos_harness import (
+    DEADLINE_REASON,
     LOST_NODE_BOUND_S,
     ChaosLog,
     Controller,
     IntakeProgress,
+    Planned,
     Row,
+    calls_per_notification,
+    check,
     lost_node_handoff,
     reads_not_followed,
+    reads_per_message,
 )
 
 LOSS = time.mktime(time.strptime("2026-11-27 10:00:00", "%Y-%m-%d %H:%M:%S"))
@@ -107,3 +113,34 @@ def test_a_task_taken_before_the_lost_workers_broker_connection_dropped_was_the_
 
     assert (handoff.given_back_at_broker_loss, handoff.held, handoff.never_taken) == (1, 1, ["bbbb"])
     assert not handoff.within_bound()  # what it held when it was lost must still come back
+
+
+def _overwritten(event_id: str, row_id: int, *, attempt: str, decision: str | None) -> tuple[Planned, Row]:
+    plan = Planned(event_id, "overwritten", {"contact": {"identifier": f"p-{row_id}"}})
+    row = Row(row_id, event_id, "delivered" if decision is None else "delivered", 100 + row_id, attempt, decision,
+              DEADLINE_REASON if decision else None, None, None, None)
+    row.attempts[1] = {"state": attempt, "message_id": 100 + row_id, "error_kind": None}
+    if decision == "fallback":
+        row.attempts[2] = {"state": "delivered", "message_id": 200 + row_id, "error_kind": None}
+    return plan, row
+
+
+def test_a_message_a_late_sent_overwrote_must_end_delivered_and_never_fall_back() -> None:
+    # the workspace says sent for both first messages; each reached delivered (issue 44)
+    right = _overwritten("chaos-00001", 1, attempt="delivered", decision=None)
+    wrong = _overwritten("chaos-00002", 2, attempt="sent", decision="fallback")
+    messages = [{"id": 101, "inbox_id": 1, "status": "sent", "highest_status": "delivered",
+                 "content": "Reminder chaos-00001: your appointment"},
+                {"id": 102, "inbox_id": 1, "status": "sent", "highest_status": "delivered",
+                 "content": "Reminder chaos-00002: your appointment"},
+                {"id": 202, "inbox_id": 2, "status": "delivered", "highest_status": "delivered",
+                 "content": "Reminder chaos-00002: your appointment"}]
+    verdict = check([right[0], wrong[0]], {"chaos-00001": right[1], "chaos-00002": wrong[1]}, messages, Counter())
+
+    flagged = {rule: [entry.split(":")[0] for entry in entries] for rule, entries in verdict.violations.items()}
+    assert flagged["no fallback for a message that exists"] == ["chaos-00002"]  # a wrong fallback: a second message
+    assert flagged["the expected outcome (overwritten)"] == ["chaos-00002"]
+    assert all("chaos-00001" not in entries for entries in flagged.values())  # delivered here, sent there: right
+    assert calls_per_notification({"listMessages": 3, "createMessage": 3}, 2) == {"createMessage": 1.5,
+                                                                                  "listMessages": 1.5}
+    assert reads_per_message({"listMessages": 3}, messages) == 1.0
