@@ -377,8 +377,9 @@ class Settings(BaseSettings):
     # A webhook delivery the consumer failed to apply this many times is set aside (outcome
     # "set_aside", with its last error): no single event can stop the others.
     delivery_max_tries: int = Field(default=10, gt=0)
-    # A status-less webhook (a stock workspace's) waits this long before its status is read, so one
-    # read of the conversation answers the burst of events that usually follows a send.
+    # A status-less webhook (a stock workspace's) is read at once when it is its message's first; one
+    # after a read waits until this long after that read, so one read of the conversation answers
+    # the burst of events that usually follows a send (docs/tracking.md).
     status_read_wait_s: float = Field(default=2.0, ge=0)
     fallback_codes: list[str] = Field(default_factory=lambda: ["131026"])  # external_error codes that fall back
     no_fallback_codes: list[str] = Field(default_factory=lambda: ["131047", "132000", "132001", "130429"])
