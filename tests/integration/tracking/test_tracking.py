@@ -358,6 +358,25 @@ def test_a_delivered_platform_message_whose_read_report_was_lost_is_read_back_on
         assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {}
 
 
+def test_the_one_read_back_of_a_delivered_message_that_fails_is_made_again(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
+        _send(ctx, reminder("trk-read-again", identifier="trk-p15", phone="+15550400015"))
+        message_id = intake.status(ctx.sessions, "trk-read-again").message_id
+        assert message_id is not None
+        assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"  # the read report lost
+        _sandbox_status(sandbox, message_id, {"read"})
+        sandbox.set_faults({"listMessages": {"server_error_share": 1.0}})
+        try:
+            time.sleep(0.1)
+            assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {"unreadable": 1}
+        finally:
+            sandbox.set_faults({})
+        time.sleep(0.1)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {"applied_read": 1}
+
+
 def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
