@@ -188,10 +188,12 @@ def count_waiting_for_a_worker(session: Session) -> int:
 
 
 def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: datetime) -> None:
+    """A send task is (about to be) published for each row: queued, not started, as of ``now``."""
     ids = list(notification_ids)
     if ids:
         session.execute(
-            update(Notification).where(Notification.id.in_(ids)).values(enqueued_at=now, next_try_at=None)
+            update(Notification).where(Notification.id.in_(ids))
+            .values(enqueued_at=now, next_try_at=None, task_started=False)
         )
 
 
@@ -243,16 +245,21 @@ def defer(session: Session, notification_id: int, *, at: datetime) -> None:
 
 
 def expect_run(session: Session, notification_id: int, *, at: datetime) -> None:
-    """The row's task waits in the broker (a retry countdown) until ``at``: the sweep counts the row
-    as stale only ``stale_after_s`` past that, so a countdown longer than ``stale_after_s`` does not
-    make it publish a second task (each would spend a try and race the first)."""
-    session.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(enqueued_at=at))
+    """The row's next task waits in the broker (a retry countdown) until ``at``: a published task
+    not started, due then. The sweep counts it as lost only ``stale_after_s`` past ``at``, and only
+    while the send queue is empty: the retry's message may wait in the queue behind a backlog (on
+    Redis and RabbitMQ a worker holds it, unacknowledged, only once it reached the queue's head),
+    and a second task would spend a try and race the first."""
+    session.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id)
+                    .values(enqueued_at=at, task_started=False))
 
 
 def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
-    """A task is working on the row now: the sweep leaves it alone until it goes stale."""
+    """A task is working on the row now: it holds the row's run lease, which the sweep finds
+    lapsed ``stale_after_s`` after this touch (the claim of a createMessage call touches it too)."""
     session.execute(
-        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(next_try_at=None, enqueued_at=now)
+        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id)
+        .values(next_try_at=None, enqueued_at=now, task_started=True)
     )
 
 

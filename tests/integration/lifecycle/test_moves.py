@@ -116,7 +116,10 @@ def test_claim_takes_a_queued_attempt_once(sessions: sessionmaker[Session]) -> N
         assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                                target=TARGET, now=NOW + timedelta(seconds=1), lease_until=lease, seen_claims=1)
     assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])
-    assert notification_of(sessions, notification_id).conversation_id == TARGET.conversation_id
+    claimed = notification_of(sessions, notification_id)
+    assert claimed.conversation_id == TARGET.conversation_id
+    # the claiming run holds the row's run lease (the sweep's, issue 44): started, touched now
+    assert (claimed.task_started, claimed.enqueued_at) == (True, NOW)
     with sessions.begin() as session:  # the lease ran out: a worker may take it again
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                            target=TARGET, now=lease + timedelta(seconds=1), lease_until=lease + timedelta(seconds=60),
