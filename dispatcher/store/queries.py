@@ -206,17 +206,32 @@ def forget_enqueued(session: Session, notification_ids: Iterable[int], *, marked
                         .values(enqueued_at=None))
 
 
-def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int) -> list[int]:
+def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int,
+                    send_queue_empty: bool) -> list[int]:
     """Rows a sweep should hand (again) to the queue.
 
     New rows never enqueued (an outbox row, or an enqueue that failed), scheduled rows now due,
-    rows whose long retry wait is over, and rows queued or sending long ago with no progress
-    since (their task was lost). Sending the same ID twice is harmless: the send path is
-    idempotent and guarded by compare-and-set.
+    rows whose long retry wait is over, and rows whose task was lost:
+
+    - started (a run touched the row) and untouched since ``stale_before``: the run's lease
+      lapsed. A run that dies is given back by the broker (late acks), so this is a task that
+      ended by an exception and was acknowledged while the row stayed sendable, or a run
+      stuck past the lease;
+    - published (or due after a countdown) before ``stale_before`` and not started, only when
+      ``send_queue_empty``: the broker's send queue held no task as the sweep began, so this
+      row's task is not waiting there. It is held by a worker about to start it (the prefetch
+      is one task a process), or lost: the publisher died between its commit and its publish,
+      or a broker without persistence restarted. While the queue holds tasks, a row waiting in
+      a backlog keeps its one task, however long the backlog takes.
+
+    Sending the same ID twice is harmless (the send path is idempotent and guarded by
+    compare-and-set), but a backlog republished every ``stale_after_s`` filled the broker
+    (issue 44).
 
     On PostgreSQL the rows are locked and rows another sweep holds are skipped (``SKIP LOCKED``),
     so sweeps in several processes take disjoint batches; SQLite runs one writer at a time anyway.
     """
+    lost = Notification.task_started.is_(True) if not send_queue_empty else true()
     query = (
         select(Notification.id)
         .where(
@@ -228,7 +243,7 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
                 & or_(
                     Notification.enqueued_at.is_(None),
                     (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
-                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before),
+                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before) & lost,
                 ),
             )
         )
