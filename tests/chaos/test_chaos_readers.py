@@ -12,9 +12,11 @@ from chaos_harness import (
     ChaosLog,
     Controller,
     IntakeProgress,
+    Peaks,
     Row,
     lost_node_handoff,
     reads_not_followed,
+    send_task_bound,
 )
 
 LOSS = time.mktime(time.strptime("2026-11-27 10:00:00", "%Y-%m-%d %H:%M:%S"))
@@ -107,3 +109,14 @@ def test_a_task_taken_before_the_lost_workers_broker_connection_dropped_was_the_
 
     assert (handoff.given_back_at_broker_loss, handoff.held, handoff.never_taken) == (1, 1, ["bbbb"])
     assert not handoff.within_bound()  # what it held when it was lost must still come back
+
+
+def test_the_send_task_bound_is_a_task_per_waiting_row_plus_the_senders_prefetch_plus_a_tenth() -> None:
+    # three send workers of three pool processes, a task each: 9 held beyond the backlog
+    assert send_task_bound(0) == 10 and send_task_bound(100) == 120
+    peaks = Peaks()
+    peaks.note_send_tasks(105, 100)  # a task per row and a few held: within
+    peaks.note_send_tasks(3, 2)  # 1.5 a row, but too small a backlog to say
+    assert (peaks.send_tasks, peaks.backlog_then, peaks.send_ratio, peaks.over_bound) == (105, 100, 1.05, [])
+    peaks.note_send_tasks(300, 100)  # a second task for most rows (the stale sweep of before issue 44)
+    assert peaks.send_ratio == 3.0 and peaks.over_bound == ["sample 0: 300 send tasks for a backlog of 100 (bound 120)"]
