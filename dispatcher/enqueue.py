@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -16,6 +17,15 @@ log = logging.getLogger(__name__)
 class Enqueuer(Protocol):
     def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
         """Publish send tasks; return the IDs that reached the broker."""
+        ...
+
+
+class RelayEnqueuer(Enqueuer, Protocol):
+    """What the sweep publishes through: it also looks at the send queue once per sweep."""
+
+    def send_queue_depth(self) -> int | None:
+        """Send tasks waiting in the broker's queue now, not those workers hold (running,
+        prefetched, a countdown's); None when the broker cannot tell."""
         ...
 
 
@@ -58,6 +68,27 @@ class CeleryEnqueuer:
             return []
         return ids
 
+    def send_queue_depth(self) -> int | None:
+        """The send queue's waiting tasks, by a passive declare (it creates nothing): kombu sums a
+        Redis queue's priority lists and counts the filesystem transport's message files, and
+        RabbitMQ answers with its ready messages. A queue that does not exist holds nothing: an
+        empty Redis list has no key, and a RabbitMQ queue no worker has declared yet is not there.
+        None when the broker did not answer (the sweep then judges by age alone, as before).
+        A channel of its own, closed after: a refused passive declare closes it on RabbitMQ."""
+        try:
+            with self._app.connection_for_write() as connection:
+                channel = connection.channel()
+                try:
+                    return int(channel.queue_declare(queue=SEND_QUEUE, passive=True).message_count)
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        except Exception as error:
+            if _not_found(error):
+                return 0
+            log.warning("could not read the send queue's depth (%s)", type(error).__name__)
+            return None
+
     def enqueue_outcome(self, delivery_row_id: int) -> None:
         """Publish the outcome task for one recorded webhook delivery (its row ID only)."""
         self._publish(OUTCOME_TASK, OUTCOMES_QUEUE, delivery_row_id, shown=f"(delivery={delivery_row_id})")
@@ -79,12 +110,22 @@ class CeleryEnqueuer:
         self._app.close()
 
 
+def _not_found(error: Exception) -> bool:
+    """A passive declare's "no such queue": py-amqp's NotFound (code 404), kombu's virtual
+    transports' ChannelError ("NOT_FOUND - no queue ...")."""
+    return getattr(error, "code", None) == 404 or "NOT_FOUND" in str(error)
+
+
 class ListEnqueuer:
     """Keeps the IDs in a list: for tests and for callers that publish themselves."""
 
-    def __init__(self) -> None:
+    def __init__(self, queue_depth: int | None = None) -> None:
         self.sent: list[int] = []
         self.outcomes: list[int] = []
+        self.queue_depth = queue_depth  # what send_queue_depth says: None, it cannot tell
+
+    def send_queue_depth(self) -> int | None:
+        return self.queue_depth
 
     def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
         ids = list(notification_ids)

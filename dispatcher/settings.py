@@ -350,10 +350,12 @@ class Settings(BaseSettings):
     # timeout: so it stays below broker_visibility_timeout_s by COUNTDOWN_MARGIN_S (checked below).
     retry_max_countdown_s: float = Field(default=20.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
-    # A sendable row no task touched this long is published again: its task was lost (a worker
-    # killed between the broker's hand-over and its bookkeeping, a broker restarted empty). Short
-    # enough that such work goes on within a minute; a row left in a backlog longer than this gets
-    # a second task (a run that finds it taken or done costs one read).
+    # How long a row's task may be unseen before the sweep takes it as lost: a run's lease lapses
+    # this long after the run last touched the row (it ended by an exception); a task published
+    # and not started is taken as lost this long after its publish, but only while the send queue
+    # is empty (a publisher that died before its publish, a broker restarted empty): a row waiting
+    # in a backlog keeps its one task however long it waits (issue 44; docs/operations.md, "One
+    # task per waiting row"). Short enough that lost work goes on within a minute without a backlog.
     stale_after_s: float = Field(default=45.0, gt=0)
     # The workspace refuses the token or cannot be reached: every worker waits (a circuit breaker),
     # first breaker_base_s, doubling up to breaker_cap_s, then one worker tries again.

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 
 # While the database does not answer, a task tries again after 1, 2, 4, 8, then every 10 s, and
-# so goes on within seconds of its return, instead of waiting for the sweep (stale_after_s, 5
-# minutes). Past an hour of this it ends, logged, and the sweep takes the row up later.
+# so goes on within seconds of its return, instead of waiting for the sweep (stale_after_s, 45 s,
+# and behind a backlog until the send queue is empty). Past an hour of this it ends, logged, and
+# the sweep takes the row up later.
 STORE_RETRY_CAP_S = 10.0
 STORE_RETRY_BUDGET = 360
 

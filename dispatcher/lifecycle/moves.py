@@ -304,9 +304,10 @@ def _claim_statements(fallback: bool, refused_when: Any) -> _MoveStatements:
                NOTIFICATIONS.c.state.in_(_starts_for("claim", "notification", sending)))
         # The notification's record describes its current attempt: where this call goes, and no
         # message yet (a fallback's claim must not pair the first route's message with its own inbox).
+        # The claiming run touches the row's run lease too, as touch_for_run does (the sweep).
         .values(state=sending, inbox_id=inbox_id, channel=bindparam("move_channel"),
                 conversation_id=conversation_id, message_id=None, accepted_at=None, updated_at=at,
-                enqueued_at=at, next_try_at=None, **_wait_over())
+                enqueued_at=at, task_started=True, next_try_at=None, **_wait_over())
     )
     both = _both_or_neither_statement(take_attempt.returning(ATTEMPTS.c.id).cte("taken"), move_notification)
     return _MoveStatements(attempt=take_attempt, mirror=move_notification, both=both)

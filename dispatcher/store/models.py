@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -84,7 +85,13 @@ class Notification(Base):
     state: Mapped[str] = mapped_column(String(20), index=True)
     send_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
     next_try_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # a long retry wait
+    # The row's send task, as the sweep sees it: ``enqueued_at`` is when it was published (or is
+    # due, for a retry's countdown) or when a run last touched the row; ``task_started`` says which
+    # of the two. Published and not started, the task may still wait in the broker's queue: the
+    # sweep publishes again only when that queue is empty. Started, its run holds a lease that
+    # lapses ``stale_after_s`` after the last touch (dispatcher/operations/sweep.py).
     enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    task_started: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     # The current attempt's values, copied up so a status read is one row.

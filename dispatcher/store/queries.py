@@ -188,10 +188,12 @@ def count_waiting_for_a_worker(session: Session) -> int:
 
 
 def mark_enqueued(session: Session, notification_ids: Iterable[int], *, now: datetime) -> None:
+    """A send task is (about to be) published for each row: queued, not started, as of ``now``."""
     ids = list(notification_ids)
     if ids:
         session.execute(
-            update(Notification).where(Notification.id.in_(ids)).values(enqueued_at=now, next_try_at=None)
+            update(Notification).where(Notification.id.in_(ids))
+            .values(enqueued_at=now, next_try_at=None, task_started=False)
         )
 
 
@@ -204,17 +206,32 @@ def forget_enqueued(session: Session, notification_ids: Iterable[int], *, marked
                         .values(enqueued_at=None))
 
 
-def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int) -> list[int]:
+def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int,
+                    send_queue_empty: bool) -> list[int]:
     """Rows a sweep should hand (again) to the queue.
 
     New rows never enqueued (an outbox row, or an enqueue that failed), scheduled rows now due,
-    rows whose long retry wait is over, and rows queued or sending long ago with no progress
-    since (their task was lost). Sending the same ID twice is harmless: the send path is
-    idempotent and guarded by compare-and-set.
+    rows whose long retry wait is over, and rows whose task was lost:
+
+    - started (a run touched the row) and untouched since ``stale_before``: the run's lease
+      lapsed. A run that dies is given back by the broker (late acks), so this is a task that
+      ended by an exception and was acknowledged while the row stayed sendable, or a run
+      stuck past the lease;
+    - published (or due after a countdown) before ``stale_before`` and not started, only when
+      ``send_queue_empty``: the broker's send queue held no task as the sweep began, so this
+      row's task is not waiting there. It is held by a worker about to start it (the prefetch
+      is one task a process), or lost: the publisher died between its commit and its publish,
+      or a broker without persistence restarted. While the queue holds tasks, a row waiting in
+      a backlog keeps its one task, however long the backlog takes.
+
+    Sending the same ID twice is harmless (the send path is idempotent and guarded by
+    compare-and-set), but a backlog republished every ``stale_after_s`` filled the broker
+    (issue 44).
 
     On PostgreSQL the rows are locked and rows another sweep holds are skipped (``SKIP LOCKED``),
     so sweeps in several processes take disjoint batches; SQLite runs one writer at a time anyway.
     """
+    lost = Notification.task_started.is_(True) if not send_queue_empty else true()
     query = (
         select(Notification.id)
         .where(
@@ -226,7 +243,7 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
                 & or_(
                     Notification.enqueued_at.is_(None),
                     (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
-                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before),
+                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before) & lost,
                 ),
             )
         )
@@ -243,16 +260,21 @@ def defer(session: Session, notification_id: int, *, at: datetime) -> None:
 
 
 def expect_run(session: Session, notification_id: int, *, at: datetime) -> None:
-    """The row's task waits in the broker (a retry countdown) until ``at``: the sweep counts the row
-    as stale only ``stale_after_s`` past that, so a countdown longer than ``stale_after_s`` does not
-    make it publish a second task (each would spend a try and race the first)."""
-    session.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(enqueued_at=at))
+    """The row's next task waits in the broker (a retry countdown) until ``at``: a published task
+    not started, due then. The sweep counts it as lost only ``stale_after_s`` past ``at``, and only
+    while the send queue is empty: the retry's message may wait in the queue behind a backlog (on
+    Redis and RabbitMQ a worker holds it, unacknowledged, only once it reached the queue's head),
+    and a second task would spend a try and race the first."""
+    session.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id)
+                    .values(enqueued_at=at, task_started=False))
 
 
 def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> None:
-    """A task is working on the row now: the sweep leaves it alone until it goes stale."""
+    """A task is working on the row now: it holds the row's run lease, which the sweep finds
+    lapsed ``stale_after_s`` after this touch (the claim of a createMessage call touches it too)."""
     session.execute(
-        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id).values(next_try_at=None, enqueued_at=now)
+        update(NOTIFICATIONS).where(NOTIFICATIONS.c.id == notification_id)
+        .values(next_try_at=None, enqueued_at=now, task_started=True)
     )
 
 

@@ -479,6 +479,14 @@ def _details(results: dict[str, Any]) -> list[str]:
                     f" processes: {_fmt(r['two_sweeps_rows_per_s'])} rows a second together, {r['two_sweeps_published_twice']}"
                     f" published twice, {r['two_sweeps_missing']} missing. Target: at least {r['target_rows_per_s']:,} rows a"
                     f" second: {_verdict(r['relay_rows_per_s'] >= r['target_rows_per_s'])}.", ""]
+            held = r.get("held_backlog")
+            if held:  # issue 44
+                out += [f"One task per waiting row: the {held['backlog']:,} rows relayed left waiting, nothing consuming,"
+                        f" swept every 5 s through {held['periods']} stale periods: peak broker queue ÷ backlog"
+                        f" **{_fmt(held['sweep']['peak_queue_per_backlog'], 2)}** (the sweep as it was, by age alone:"
+                        f" {_fmt(held['age_only_as_before']['peak_queue_per_backlog'], 2)}); Redis then killed and started"
+                        f" empty: {held['after_broker_restart']['published']:,} lost rows published again, peak"
+                        f" {_fmt(held['after_broker_restart']['peak_queue_per_backlog'], 2)}.", ""]
 
     run = b.get("intake_batch")
     if run:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
 import statistics
+import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
@@ -37,13 +39,14 @@ import sqlalchemy as sa
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.lifecycle.moves import CRASH_LOOP
+from dispatcher.lifecycle.states import SENDABLE_NOTIFICATION_STATES
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.postgres_server import PrivatePostgres, private_postgres
-from tests.support.rabbitmq_node import private_rabbitmq
+from tests.support.rabbitmq_node import private_rabbitmq, queued_of
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import FAST_TIMERS, ProcessGroup, dispatcher_environment, process_group
@@ -274,6 +277,21 @@ class PrivateRedis(BasePrivateRedis):
         finally:
             client.close()
 
+    def send_tasks(self) -> int | None:
+        """Send tasks in the broker right now: waiting in the send queue (kombu's priority lists
+        too) and taken by a worker, not yet acknowledged (running, prefetched, a countdown's: kombu
+        keeps each in the ``unacked`` hash as [message, exchange, routing key]). None: unreadable."""
+        client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            waiting = sum(int(client.llen(key)) for key in client.scan_iter(match=f"{SEND_QUEUE}*", count=1000)
+                          if client.type(key) == b"list")
+            held = sum(1 for raw in client.hvals("unacked") if SEND_QUEUE in json.loads(raw)[1:3])
+            return waiting + held
+        except (redis.RedisError, ValueError, IndexError):
+            return None
+        finally:
+            client.close()
+
 
 # --- the broker -----------------------------------------------------------------------------
 
@@ -290,6 +308,10 @@ class RedisBroker:
 
     def queued(self) -> dict[str, int]:
         return self.server.queued()
+
+    def snapshot(self) -> tuple[dict[str, int], int | None]:
+        """:meth:`queued`, and the send tasks waiting or held (None: unreadable)."""
+        return self.server.queued(), self.server.send_tasks()
 
     def restart(self, down_s: float) -> None:
         self.server.kill()
@@ -317,6 +339,15 @@ class RabbitBroker:
 
     def queued(self) -> dict[str, int]:
         return self.node.queued()
+
+    def snapshot(self) -> tuple[dict[str, int], int | None]:
+        """:meth:`queued`, and the send tasks ready or unacknowledged (None: unreadable), by one
+        rabbitmqctl call (about a second each)."""
+        try:
+            queues = self.node.queues()
+        except (OSError, subprocess.SubprocessError) as error:
+            return {f"unreadable ({type(error).__name__})": 0}, None
+        return queued_of(queues), sum(queues.get(SEND_QUEUE, (0, 0)))
 
     def restart(self, down_s: float) -> None:
         self.node.kill()
@@ -643,6 +674,35 @@ class Peaks:
     total_rss_mb: float = 0.0  # every process of ours together (workers, beat, receiver)
     db_connections: int = 0  # connections to the store's database (the sampler's own not counted)
     db_active: int = 0  # of them, running a statement at that moment
+    # One task per waiting row (issue 44): send tasks in the broker (waiting or held by a worker)
+    # against the backlog (notifications queued, sending or falling back) read right after them
+    send_tasks: int = 0  # the most seen
+    backlog_then: int = 0  # the backlog at that sample
+    backlog: int = 0  # the largest backlog seen
+    send_ratio: float = 0.0  # the largest send tasks / backlog, over samples with a backlog of RATIO_FLOOR or more
+    over_bound: list[str] = field(default_factory=list)  # samples past send_task_bound(backlog), the first few
+
+    def note_send_tasks(self, tasks: int, backlog: int) -> None:
+        if tasks > self.send_tasks:
+            self.send_tasks, self.backlog_then = tasks, backlog
+        self.backlog = max(self.backlog, backlog)
+        if backlog >= RATIO_FLOOR:
+            self.send_ratio = round(max(self.send_ratio, tasks / backlog), 2)
+        if tasks > send_task_bound(backlog) and len(self.over_bound) < 10:
+            self.over_bound.append(f"sample {self.samples}: {tasks} send tasks for a backlog of {backlog} "
+                                   f"(bound {send_task_bound(backlog)})")
+
+
+# Issue 44's bound: the broker holds at most a task per waiting row, plus what the send workers hold
+# beyond it (workers/app.py: prefetch multiplier 1, a task per pool process), plus 10 % (a row can be
+# published twice in rare races, harmlessly: a worker that takes a task just as the sweep finds its
+# queue empty; and the two counts are read a moment apart).
+PREFETCH = 1
+RATIO_FLOOR = 10  # smaller backlogs make the ratio noise: two tasks for one row reads 2.0
+
+
+def send_task_bound(backlog: int) -> int:
+    return math.ceil(1.1 * (backlog + sum(SENDERS.values()) * PREFETCH))
 
 
 class Sampler(threading.Thread):
@@ -665,8 +725,9 @@ class Sampler(threading.Thread):
     def sample(self) -> None:
         peaks = self.peaks
         peaks.samples += 1
+        send_tasks = None
         if self.stack.broker.kind == "redis" or peaks.samples % 2 == 0:
-            queued = self.stack.broker.queued()
+            queued, send_tasks = self.stack.broker.snapshot()
             depth = sum(count for name, count in queued.items() if not name.startswith("unreadable"))
             if depth > peaks.queue_depth:
                 peaks.queue_depth, peaks.queue_depth_at = depth, queued
@@ -682,6 +743,11 @@ class Sampler(threading.Thread):
                 found = connection.execute(sa.text(
                     "SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")).one()
+                if send_tasks is not None:  # the backlog after the broker's count: a task's row is stored before it is published
+                    table = Notification.__table__
+                    backlog = connection.scalar(sa.select(sa.func.count()).select_from(table).where(
+                        table.c.state.in_(sorted(SENDABLE_NOTIFICATION_STATES))))
+                    peaks.note_send_tasks(send_tasks, int(backlog or 0))
         except sa.exc.SQLAlchemyError:
             return
         peaks.db_connections = max(peaks.db_connections, int(found[0]))

@@ -27,6 +27,8 @@ import sqlalchemy as sa
 from chaos_harness import (
     BROKERS,
     LOST_NODE_BOUND_S,
+    RATIO_FLOOR,
+    SENDERS,
     UNSENT_WINDOW,
     ChaosConfig,
     Controller,
@@ -184,6 +186,8 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 problems.append(f"the run did not settle: {settled}")
             if private:
                 problems.append(f"private data in process output: {private}")
+            if sampler.peaks.over_bound:
+                problems.append(f"more send tasks in the broker than a task per waiting row allows: {sampler.peaks.over_bound}")
             per_event, _ = messages_by_event(messages)
             for rule, cases in sorted(verdict.violations.items()):
                 problems.append(f"{rule}: {len(cases)} events, e.g.")
@@ -392,6 +396,9 @@ def _counts(config: ChaosConfig, planned: list[Planned], controller: Controller,
                   "worker_rss_mb": peaks.worker_rss_mb, "total_rss_mb": peaks.total_rss_mb,
                   "db_connections": peaks.db_connections, "db_active": peaks.db_active,
                   "samples": peaks.samples},
+        # issue 44: a task per waiting row, not one more every stale_after_s
+        "send_tasks": {"peak": peaks.send_tasks, "backlog_then": peaks.backlog_then, "peak_backlog": peaks.backlog,
+                       "peak_ratio": peaks.send_ratio, "over_bound": peaks.over_bound},
         "timings": {name: round(value) for name, value in timings.items()},
         "timeline": chaos.timeline,
     }
@@ -463,6 +470,11 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"by kind (a worker with its pool) {report['peaks']['worker_rss_mb']} MB, all together "
         f"{report['peaks']['total_rss_mb']} MB, store connections {report['peaks']['db_connections']} "
         f"({report['peaks']['db_active']} active) over {report['peaks']['samples']} samples",
+        f"send tasks in the broker (waiting or held): peak {report['send_tasks']['peak']} for a backlog of "
+        f"{report['send_tasks']['backlog_then']} (bound: backlog + {sum(SENDERS.values())} pool processes x prefetch 1, "
+        f"+10 %), peak backlog {report['send_tasks']['peak_backlog']}, peak tasks / backlog "
+        f"{report['send_tasks']['peak_ratio']} (backlogs of {RATIO_FLOOR} or more); past the bound "
+        f"{len(report['send_tasks']['over_bound'])} samples",
         f"the node lost for good: {report.get('handoff', {})}",
         f"violations {report['violations'] or 'none'}",
         f"runtime {report['timings']} s",

@@ -14,6 +14,7 @@ from chaos_harness import (
     ChaosLog,
     Controller,
     IntakeProgress,
+    Peaks,
     Planned,
     Row,
     calls_per_notification,
@@ -21,6 +22,7 @@ from chaos_harness import (
     lost_node_handoff,
     reads_not_followed,
     reads_per_message,
+    send_task_bound,
 )
 
 LOSS = time.mktime(time.strptime("2026-11-27 10:00:00", "%Y-%m-%d %H:%M:%S"))
@@ -144,3 +146,14 @@ def test_a_message_a_late_sent_overwrote_must_end_delivered_and_never_fall_back(
     assert calls_per_notification({"listMessages": 3, "createMessage": 3}, 2) == {"createMessage": 1.5,
                                                                                   "listMessages": 1.5}
     assert reads_per_message({"listMessages": 3}, messages) == 1.0
+
+
+def test_the_send_task_bound_is_a_task_per_waiting_row_plus_the_senders_prefetch_plus_a_tenth() -> None:
+    # three send workers of three pool processes, a task each: 9 held beyond the backlog
+    assert send_task_bound(0) == 10 and send_task_bound(100) == 120
+    peaks = Peaks()
+    peaks.note_send_tasks(105, 100)  # a task per row and a few held: within
+    peaks.note_send_tasks(3, 2)  # 1.5 a row, but too small a backlog to say
+    assert (peaks.send_tasks, peaks.backlog_then, peaks.send_ratio, peaks.over_bound) == (105, 100, 1.05, [])
+    peaks.note_send_tasks(300, 100)  # a second task for most rows (the stale sweep of before issue 44)
+    assert peaks.send_ratio == 3.0 and peaks.over_bound == ["sample 0: 300 send tasks for a backlog of 100 (bound 120)"]

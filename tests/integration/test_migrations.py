@@ -40,7 +40,7 @@ def test_postgres_schema_matches_the_models(fresh_postgres_url: str) -> None:
     try:
         with engine.connect() as connection:
             version = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-        assert version == "0019"
+        assert version == "0020"
     finally:
         engine.dispose()
 
@@ -107,3 +107,22 @@ def test_0017_is_undone_on_one_instance_and_refused_with_two(tmp_path: Path) -> 
                   "VALUES ('south', 3, 'k', '*', '*', 'host', CURRENT_TIMESTAMP)")
     with pytest.raises(RuntimeError, match="separate instances"):
         command.downgrade(alembic_config(url), "0016")
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_0020_reads_existing_rows_as_not_started_and_keeps_their_attempts(store: str, tmp_path: Path,
+                                                                          request: pytest.FixtureRequest) -> None:
+    # (a rebuilt notifications table would lose them on SQLite: dropping it cascades to attempts)
+    url = f"sqlite:///{tmp_path}/before.sqlite" if store == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    _rows_before_instances(url)
+    upgrade_database(url, "0018")
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            started = connection.execute(sa.select(sa.column("task_started", sa.Boolean()))
+                                         .select_from(sa.table("notifications"))).scalar_one()
+            assert started is False
+            assert connection.execute(sa.text("SELECT count(*) FROM attempts")).scalar_one() == 1
+    finally:
+        engine.dispose()

@@ -133,7 +133,8 @@ CHANNEL_OF_INBOX = {1: "messaging_platform", 2: "sms"}
 
 # Once faults stop, every notification ends within this much simulated time at the default
 # settings (docs/simulation.md derives it): a lost worker's task returns after the visibility
-# timeout (30 s) and a task lost otherwise is found by the sweep after stale_after_s (45 s); a
+# timeout (30 s) and a task lost otherwise is found by the sweep after stale_after_s (45 s; a
+# task published and not started once the send queue is empty too, at once in these worlds); a
 # createMessage call's lease (45 s) may hold it up once more; a first attempt's delivery deadline
 # (900 s) and the fallback's own sends (under 600 s) come after that. The test suite checks that
 # the example configuration still has these values (test_the_liveness_bound_follows_the_settings).

@@ -636,6 +636,12 @@ class World:
             self.orphaned_by_crash.discard(nid)
         return ids
 
+    def send_queue_depth(self) -> int:
+        """Send tasks waiting in the queue, as kombu reads a Redis queue: not a countdown task its
+        worker holds, nor a lost worker's task before the visibility timeout gives it back."""
+        now = self.clock.now
+        return sum(1 for task in self.broker.tasks if task.kind == SEND and task.holder is None and task.due <= now)
+
     def _marked_before_publish(self, ids: list[int]) -> None:
         """``marked_before_publish``: the run that publishes a send task marked its row enqueued
         first (the outbox's order: a mark written after the publish could undo the task's own wait,

@@ -251,24 +251,38 @@ class PrivateRabbitMQ:
         """Ready messages per ``dispatcher.*`` queue and, under ``unacked``, the unacknowledged ones
         in all; ``{"unreadable (<error>)": 0}`` when rabbitmqctl fails (the node down, say)."""
         try:
-            done = self.rabbitmqctl("list_queues", "--no-table-headers", "name", "messages_ready",
-                                    "messages_unacknowledged")
-            done.check_returncode()
+            queues = self.queues()
         except (OSError, subprocess.SubprocessError) as error:
             return {f"unreadable ({type(error).__name__})": 0}
-        counts: Counter[str] = Counter()
+        return queued_of(queues)
+
+    def queues(self) -> dict[str, tuple[int, int]]:
+        """Each ``dispatcher.*`` queue's (ready, unacknowledged) messages, by one rabbitmqctl call;
+        raises OSError or SubprocessError when it fails."""
+        done = self.rabbitmqctl("list_queues", "--no-table-headers", "name", "messages_ready",
+                                "messages_unacknowledged")
+        done.check_returncode()
+        found: dict[str, tuple[int, int]] = {}
         for line in done.stdout.splitlines():
             parts = line.split()
             if len(parts) == 3 and parts[0].startswith("dispatcher.") and parts[1].isdigit() and parts[2].isdigit():
-                counts[parts[0]] += int(parts[1])
-                counts["unacked"] += int(parts[2])
-        return dict(counts)
+                found[parts[0]] = (int(parts[1]), int(parts[2]))
+        return found
 
     def log_tail(self, characters: int = 2000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-characters:]
         except OSError:
             return ""
+
+
+def queued_of(queues: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """:meth:`PrivateRabbitMQ.queued`'s figures from :meth:`PrivateRabbitMQ.queues`."""
+    counts: Counter[str] = Counter()
+    for name, (ready, unacked) in queues.items():
+        counts[name] += ready
+        counts["unacked"] += unacked
+    return dict(counts)
 
 
 @contextlib.contextmanager

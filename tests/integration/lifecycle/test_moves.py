@@ -116,7 +116,10 @@ def test_claim_takes_a_queued_attempt_once(sessions: sessionmaker[Session]) -> N
         assert not moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                                target=TARGET, now=NOW + timedelta(seconds=1), lease_until=lease, seen_claims=1)
     assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])
-    assert notification_of(sessions, notification_id).conversation_id == TARGET.conversation_id
+    claimed = notification_of(sessions, notification_id)
+    assert claimed.conversation_id == TARGET.conversation_id
+    # the claiming run holds the row's run lease (the sweep's, issue 44): started, touched now
+    assert (claimed.task_started, claimed.enqueued_at) == (True, NOW)
     with sessions.begin() as session:  # the lease ran out: a worker may take it again
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt_id, fallback=False,
                            target=TARGET, now=lease + timedelta(seconds=1), lease_until=lease + timedelta(seconds=60),
@@ -244,13 +247,14 @@ def test_a_notification_set_aside_is_left_by_the_sweep_until_an_operator_retries
         session.execute(update(Attempt).where(Attempt.id == attempt_id).values(runs=21))
         assert moves.set_aside(session, notification_id=notification_id, detail="died 20 times", now=NOW)
     with sessions.begin() as session:
-        due = store.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10)
+        due = store.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10,
+                                    send_queue_empty=True)
     assert notification_id not in due
     with sessions.begin() as session:
         assert moves.retry_set_aside(session, notification_id=notification_id, now=NOW)
         assert not moves.retry_set_aside(session, notification_id=notification_id, now=NOW)  # only one set aside
     with sessions.begin() as session:
-        due = store.due_for_enqueue(session, now=NOW, stale_before=NOW, limit=10)
+        due = store.due_for_enqueue(session, now=NOW, stale_before=NOW, limit=10, send_queue_empty=True)
     assert notification_id in due
     assert _counts(sessions, attempt_id)[1] == 0
     assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])  # its message may exist: looked for first
