@@ -79,6 +79,13 @@ def context(
     yield from _context(sandbox, tmp_path, enqueuer)
 
 
+def _deadline_routes(seconds: float) -> dict[str, Any]:
+    """The example's routes with the reminders route's delivery deadline cut to ``seconds``."""
+    routes: dict[str, Any] = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["reminders"]["delivery_deadline_s"] = seconds
+    return routes
+
+
 def _send(ctx: SendContext, request: dict[str, Any]) -> int:
     record = intake.accept(parse_request(request), sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
     with ctx.sessions() as session:
@@ -283,8 +290,7 @@ def test_two_distinct_updates_without_a_failure_are_taken_for_delivery_though_th
 def test_the_deadline_weighs_updates_still_waiting_for_a_consumer_and_does_not_fall_back(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
         _send(ctx, reminder("trk-deadline-events", identifier="trk-p33", phone="+15550200033"))  # stays "sent"
         message_id = intake.status(ctx.sessions, "trk-deadline-events").message_id
@@ -303,8 +309,7 @@ def test_the_deadline_weighs_updates_still_waiting_for_a_consumer_and_does_not_f
 def test_the_deadline_falls_back_when_the_only_update_is_copied(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
         notification_id = _send(ctx, reminder("trk-deadline-copy", identifier="trk-p34", phone="+15550200034"))
         message_id = intake.status(ctx.sessions, "trk-deadline-copy").message_id
@@ -406,8 +411,7 @@ def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never
 def test_an_attempt_whose_fallback_was_decided_is_not_read_back_again(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes, reconcile_after_s=0.01):
         _send(ctx, reminder("trk-decided", identifier="trk-p12", phone="+15550207012"))  # stays "sent"
         time.sleep(0.3)
@@ -422,8 +426,7 @@ def test_an_attempt_whose_fallback_was_decided_is_not_read_back_again(
 def test_an_unconfirmed_attempt_gets_the_deadline_decision(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes, reconcile_after_s=0.01):
         # The seed leaves +1555020... at "sent" forever
         notification_id = _send(ctx, reminder("trk-silent", identifier="trk-p7", phone="+15550207007"))
@@ -441,8 +444,7 @@ def test_an_unconfirmed_attempt_gets_the_deadline_decision(
 def test_the_deadline_reads_the_message_back_before_it_decides(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):  # read-backs at their default timing
         assert ctx.settings.reconcile_after_s > 0.2  # no scheduled read comes before this deadline
         _send(ctx, reminder("trk-deadline-read", identifier="trk-p21", phone="+15550400021"))
@@ -461,8 +463,7 @@ def test_the_deadline_reads_the_message_back_before_it_decides(
 def test_a_deadline_whose_read_back_fails_is_put_off_for_a_bounded_time(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
         notification_id = _send(ctx, reminder("trk-deadline-unread", identifier="trk-p22", phone="+15550207022"))
         time.sleep(0.3)
@@ -521,8 +522,7 @@ def test_a_failure_recorded_while_the_deadline_reads_back_decides_with_its_own_r
     """A chaos run found this: the consumer, busy or restarted, took a 131026 report late; it
     recorded the failure while the tracking sweep read the message back at the deadline, and the
     sweep's decision said "not delivered by the deadline" for a message the platform had failed."""
-    routes = example_settings(api_url="http://x").model_dump()["routes"]
-    routes["reminders"]["delivery_deadline_s"] = 0.2
+    routes = _deadline_routes(0.2)
     for ctx in _context(sandbox, tmp_path, enqueuer, routes=routes):
         notification_id = _send(ctx, reminder("trk-deadline-failed", identifier="trk-p23", phone="+15550107023"))
         message_id = intake.status(ctx.sessions, "trk-deadline-failed").message_id
