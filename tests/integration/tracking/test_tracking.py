@@ -406,6 +406,9 @@ def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never
         assert reads == [1, 0, 0, 0, 0]
         assert [intake.status(ctx.sessions, event).state for event in ("trk-unread", "trk-sms")] == ["delivered",
                                                                                                     "delivered"]
+        # and a read that comes later, by its webhook, is still recorded: read-backs ended, webhooks did not
+        assert apply_event(_updated(unread, "read"), ctx, enqueuer) == "applied_read"
+        assert intake.status(ctx.sessions, "trk-unread").state == "read"
 
 
 def test_an_attempt_whose_fallback_was_decided_is_not_read_back_again(
