@@ -20,8 +20,14 @@ OUTCOME_TASK = "dispatcher.outcome"  # one verified webhook delivery, by its row
 OUTCOMES_TASK = "dispatcher.outcomes"
 OUTCOMES_PER_TASK = 100  # at most, so that one task stays short (a batch is one transaction)
 # one message whose delivery report the receiver could not record (its store was away), by its
-# message ID: read its state back from the workspace once the store answers again
+# message ID: read its state back from the workspace once the store answers again. Published by
+# receivers before issue 44 only (a rolling upgrade may still hold some); kept so they are run.
 READ_BACK_TASK = "dispatcher.read_back"
+# one verified delivery the receiver could not record (its store was away), whole: its summary
+# (IDs, status, error code, the body's keyed hash; never content), recorded and applied by the
+# consumer once the store answers. A read-back cannot replace it: a status a late callback
+# overwrote is in the delivery, not in the message list any more.
+RECORD_TASK = "dispatcher.record_delivery"
 TRACKING_SWEEP_TASK = "dispatcher.tracking_sweep"  # deadlines, reconciliation, unprocessed deliveries
 RETENTION_TASK = "dispatcher.retention"  # delete per-send records past the retention period
 CALLBACKS_TASK = "dispatcher.callbacks"  # deliver the host's due outcome callbacks

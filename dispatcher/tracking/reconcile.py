@@ -30,6 +30,7 @@ from dispatcher.lifecycle.states import AttemptState
 from dispatcher.policy.breaker import pause_reason
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
+from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries, row_of
 from dispatcher.tracking.webhooks.events import EventSummary
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,16 @@ def _moved_past_sent(attempt: store.LateAttempt, ctx: SendContext, enqueuer: Enq
     with ctx.sessions() as session:  # delivered now, by this move or a concurrent one (not a failure recorded since)
         after = store.attempt_by_message(session, ctx.settings.workspace_name, attempt.message_id)
     return after is not None and after.state in (AttemptState.DELIVERED, AttemptState.READ)
+
+
+def record_and_process(delivery: NewDelivery, ctx: SendContext, enqueuer: Enqueuer) -> str:
+    """A verified delivery the receiver could not record (its store was away), handed over whole:
+    record it now, as the receiver would have (once, by its delivery ID), and apply it. Run again
+    (a wait, a store still away), it finds its row and goes on from there."""
+    [row_id] = record_deliveries(ctx.sessions, [delivery])
+    if row_id is None:  # recorded by an earlier run of this task, or by the receiver after all
+        row_id = row_of(ctx.sessions, delivery.delivery_id)
+    return "missing" if row_id is None else process_delivery(row_id, ctx, enqueuer)
 
 
 def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:

@@ -119,7 +119,8 @@ def test_a_task_taken_before_the_lost_workers_broker_connection_dropped_was_the_
 
 def _overwritten(event_id: str, row_id: int, *, attempt: str, decision: str | None) -> tuple[Planned, Row]:
     plan = Planned(event_id, "overwritten", {"contact": {"identifier": f"p-{row_id}"}})
-    row = Row(row_id, event_id, "delivered" if decision is None else "delivered", 100 + row_id, attempt, decision,
+    current_message = 200 + row_id if decision == "fallback" else 100 + row_id
+    row = Row(row_id, event_id, "delivered", current_message, attempt, decision,
               DEADLINE_REASON if decision else None, None, None, None)
     row.attempts[1] = {"state": attempt, "message_id": 100 + row_id, "error_kind": None}
     if decision == "fallback":
@@ -146,6 +147,12 @@ def test_a_message_a_late_sent_overwrote_must_end_delivered_and_never_fall_back(
     assert calls_per_notification({"listMessages": 3, "createMessage": 3}, 2) == {"createMessage": 1.5,
                                                                                   "listMessages": 1.5}
     assert reads_per_message({"listMessages": 3}, messages) == 1.0
+
+    # and when no two reports of the second one ever reached the dispatcher (its receiver was down),
+    # nothing it was told could show the delivery: counted apart, not excused where they did arrive
+    unreported = check([right[0], wrong[0]], {"chaos-00001": right[1], "chaos-00002": wrong[1]}, messages, Counter(),
+                       {101: 3, 102: 1})
+    assert unreported.unknowable == ["chaos-00002"] and not unreported.violations
 
 
 def test_the_send_task_bound_is_a_task_per_waiting_row_plus_the_senders_prefetch_plus_a_tenth() -> None:

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
+from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,7 +30,7 @@ from dispatcher.queues import (
     OUTCOMES_PER_TASK,
     OUTCOMES_QUEUE,
     OUTCOMES_TASK,
-    READ_BACK_TASK,
+    RECORD_TASK,
     broker_transport,
     broker_transport_options,
 )
@@ -47,6 +48,22 @@ class NewDelivery:
     summary: dict[str, Any]  # EventSummary.model_dump(mode="json"): IDs and status, no personal data
     received_at: datetime
     workspace: str = "default"  # whose webhook it is: the path it came to, whose secret verified it
+
+    def as_task_argument(self) -> dict[str, Any]:
+        """JSON for a task's argument: what the store would have kept, no more (no content)."""
+        return {"delivery_id": self.delivery_id, "event": self.event, "summary": self.summary,
+                "received_at": self.received_at.isoformat(), "workspace": self.workspace}
+
+    @classmethod
+    def from_task_argument(cls, value: dict[str, Any]) -> NewDelivery:
+        return cls(str(value["delivery_id"]), str(value["event"]), dict(value["summary"]),
+                   datetime.fromisoformat(str(value["received_at"])), workspace=str(value["workspace"]))
+
+
+def row_of(sessions: sessionmaker[Session], delivery_id: str) -> int | None:
+    """The row a delivery ID was recorded as, if it was."""
+    with sessions() as session:
+        return session.execute(select(_TABLE.c.id).where(_TABLE.c.delivery_id == delivery_id)).scalar_one_or_none()
 
 
 def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewDelivery]) -> list[int | None]:
@@ -123,11 +140,13 @@ class CeleryOutcomePublisher:
         chunks = [list(row_ids[start:start + OUTCOMES_PER_TASK]) for start in range(0, len(row_ids), OUTCOMES_PER_TASK)]
         self._publish_tasks(OUTCOMES_TASK, [(chunk, f"(deliveries={len(chunk)})") for chunk in chunks])
 
-    def publish_read_backs(self, message_ids: Sequence[int]) -> None:
-        """Ask for these messages to be read back (their reports could not be recorded)."""
-        self._publish_tasks(READ_BACK_TASK, [(message_id, f"(message={message_id})") for message_id in message_ids])
+    def publish_unrecorded(self, deliveries: Sequence[NewDelivery]) -> None:
+        """Hand deliveries the store could not take to the consumer, whole: it records and applies
+        them once the store answers (Flower shows the delivery ID only)."""
+        self._publish_tasks(RECORD_TASK, [(delivery.as_task_argument(), f"(delivery={delivery.delivery_id})")
+                                          for delivery in deliveries])
 
-    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int | list[int], str]]) -> None:
+    def _publish_tasks(self, task_name: str, calls: Sequence[tuple[int | list[int] | dict[str, Any], str]]) -> None:
         if not calls:
             return
         with self._app.producer_or_acquire() as producer:

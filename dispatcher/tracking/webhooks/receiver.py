@@ -99,17 +99,15 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
 
     writer: GroupWriter[NewDelivery, bytes] = GroupWriter(record_and_publish)
 
-    def receiver_for(read: Callable[[Mapping[str, str], bytes, float], NewDelivery], *,
-                     read_back: bool) -> Callable[[Request], Awaitable[Response]]:
+    def receiver_for(read: Callable[[Mapping[str, str], bytes, float], NewDelivery]) -> Callable[[Request], Awaitable[Response]]:
         """One workspace's endpoint: its secrets verify, its name goes with each delivery."""
 
         async def receive(request: Request) -> Response:
-            return await _receive(request, read, read_back=read_back)
+            return await _receive(request, read)
 
         return receive
 
-    async def _receive(request: Request, read: Callable[[Mapping[str, str], bytes, float], NewDelivery], *,
-                       read_back: bool) -> Response:
+    async def _receive(request: Request, read: Callable[[Mapping[str, str], bytes, float], NewDelivery]) -> Response:
         try:
             try:
                 async with asyncio.timeout(body_timeout_s):  # a timer, no extra task on the hot path
@@ -135,10 +133,10 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         except (SQLAlchemyError, TimeoutError) as error:
             WEBHOOK_VERDICTS.labels(verdict="store_unavailable").inc()
             log.error("webhook delivery %s not recorded: %s", delivery.delivery_id, type(error).__name__)
-            # A stock workspace never sends it again: have the message read back as soon as the
-            # store answers (by its ID only), instead of at the next scheduled read-back.
-            if read_back:  # by the default workspace's API; another's waits for its scheduled read-back
-                await run_in_threadpool(_ask_read_back, send, delivery.summary.get("message_id"))
+            # A stock workspace never sends it again: hand the delivery itself to the consumer, which
+            # records and applies it once the store answers. A read of the message list would not do:
+            # a status a late callback overwrote since is in this delivery only (issue 44).
+            await run_in_threadpool(_hand_over, send, delivery)
             return _refusal("store_unavailable", 503)
         WEBHOOK_VERDICTS.labels(verdict="duplicate" if answer == DUPLICATE else "accepted").inc()
         return Response(answer, media_type="application/json")
@@ -166,10 +164,10 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # The default workspace's webhooks come to webhook_path, another workspace's to webhook_path/<name>.
-    workspace_routes = [Route(f"{settings.webhook_path}/{name}", receiver_for(delivery_reader(settings.for_workspace(name)),
-                                                                             read_back=False), methods=["POST"])
+    workspace_routes = [Route(f"{settings.webhook_path}/{name}", receiver_for(delivery_reader(settings.for_workspace(name))),
+                            methods=["POST"])
                         for name in sorted(settings.workspaces)]
-    routes = [Route(settings.webhook_path, receiver_for(read, read_back=True), methods=["POST"]), *workspace_routes,
+    routes = [Route(settings.webhook_path, receiver_for(read), methods=["POST"]), *workspace_routes,
               Route("/healthz", healthz, methods=["GET"]),
               Route("/readyz", readyz, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     if settings.intake_tokens():  # the default workspace's token, or only some workspaces' own
@@ -292,14 +290,14 @@ def _broker_answers(publish: Publish) -> Callable[[], bool]:
     return answers if callable(answers) else (lambda: True)  # a publisher without a broker: nothing to ask
 
 
-def _ask_read_back(publish: Publish, message_id: int | None) -> None:
-    read_back = getattr(publish, "publish_read_backs", None)
-    if message_id is None or read_back is None:
+def _hand_over(publish: Publish, delivery: NewDelivery) -> None:
+    hand_over = getattr(publish, "publish_unrecorded", None)
+    if hand_over is None:
         return
     try:
-        read_back([message_id])
-    except Exception as error:  # the broker is away too: the scheduled read-back still comes
-        log.warning("could not ask for message %s to be read back: %s", message_id, type(error).__name__)
+        hand_over([delivery])
+    except Exception as error:  # the broker is away too: the scheduled read-backs still come
+        log.warning("could not hand webhook delivery %s to the consumer: %s", delivery.delivery_id, type(error).__name__)
 
 
 def _publish(publish: Publish, rows: dict[str, int]) -> None:

@@ -343,12 +343,12 @@ read_after_s = 6.0
 """
 
 
-def test_a_report_that_came_while_the_store_was_away_is_read_back_within_seconds(
+def test_a_report_that_came_while_the_store_was_away_is_applied_within_seconds_of_its_return(
     stack_factory: Any, fresh_postgres_url: str
 ) -> None:
     """A stock workspace never sends a refused report again. The receiver, refusing it because its
-    store is away, asks for the message to be read back; the read comes within seconds of the
-    store's return, not at the next scheduled read-back (a minute after the last news)."""
+    store is away, hands the delivery itself to the consumer, which records and applies it within
+    seconds of the store's return, not at the next scheduled read-back (a minute after the news)."""
     direct = sa.engine.make_url(fresh_postgres_url)
     with tcp_proxy(direct.host or "127.0.0.1", direct.port or 5432) as proxy, running_sandbox(SLOW_READ) as sandbox:
         through_proxy = direct.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
@@ -366,5 +366,29 @@ def test_a_report_that_came_while_the_store_was_away_is_read_back_within_seconds
         assert stack.status("away-1").state == "delivered"
         proxy.restore()
 
-        wait_until(lambda: stack.status("away-1").state == "read", timeout_s=30, what="read, learned by a read-back")
-        assert "dispatcher.read_back" in stack.group.logs()
+        wait_until(lambda: stack.status("away-1").state == "read", timeout_s=30, what="read, from the handed-over report")
+        assert "dispatcher.record_delivery" in stack.group.logs()
+
+
+def test_reports_of_an_overwritten_delivery_that_came_while_the_store_was_away_still_prevent_a_fallback(
+    stack_factory: Any, fresh_postgres_url: str
+) -> None:
+    """Delivered, then a late "sent" overwrites it, while the store is away: a read-back after the
+    store's return would find "sent" and the deadline would fall back. The reports themselves,
+    handed over by the receiver, say it moved past sent."""
+    direct = sa.engine.make_url(fresh_postgres_url)
+    with tcp_proxy(direct.host or "127.0.0.1", direct.port or 5432) as proxy, running_sandbox() as sandbox:
+        through_proxy = direct.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        stack = stack_factory(sandbox, consumers=1, database_url=through_proxy)
+        stack.dispatcher.notify(reminder("away-late", identifier="t-away-late", phone="+15550710101"))
+        wait_until(lambda: stack.status("away-late").message_id is not None, timeout_s=30, what="the send")
+        message_id = stack.status("away-late").message_id
+        proxy.cut()  # before its delivery is reported (delivered 0.5 s after the send, the late sent 0.75 s later)
+        wait_until(lambda: any(m["id"] == message_id and (m["status"], m["highest_status"]) == ("sent", "delivered")
+                               for m in sandbox.messages()), timeout_s=30, what="the late sent in the workspace")
+        wait_until(lambda: "not recorded" in stack.group.logs(), timeout_s=15, what="the receiver refusing reports")
+        proxy.restore()
+        wait_until(lambda: stack.status("away-late").state == "delivered", timeout_s=60,
+                   what="delivered, from the handed-over reports")
+        assert stack.status("away-late").fallback_decision is None
+        assert _sms_messages_for(sandbox, "away-late") == 0

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.tracking.webhooks.deliveries import NewDelivery
+
 from .conftest import CONTENT, NOW, OLD_SECRET, PATH, PHONE, SECRET, Receiver, encode, message_event, running_receiver, sign, signed_headers
 
 BODY = encode(message_event())
@@ -141,6 +143,38 @@ def test_a_store_failure_answers_503(tmp_path: Path) -> None:
         response = receiver.post(BODY, signed_headers(BODY))
         assert (response.status_code, response.json()) == (503, {"error": "store_unavailable"})
         assert receiver.published == []
+
+
+class HandOverPublisher:
+    """A publisher that, as the Celery one, takes deliveries the store could not record."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.handed_over: list[NewDelivery] = []
+
+    def __call__(self, row_id: int) -> None:
+        self.rows.append(row_id)
+
+    def publish_unrecorded(self, deliveries: list[NewDelivery]) -> None:
+        self.handed_over.extend(deliveries)
+
+
+def test_a_delivery_the_store_cannot_take_is_handed_over_whole_with_nothing_private(tmp_path: Path) -> None:
+    publisher = HandOverPublisher()
+    with running_receiver(tmp_path, publish=publisher) as receiver:
+        with receiver.sessions() as session:
+            session.connection().exec_driver_sql("DROP TABLE webhook_deliveries")
+            session.commit()
+        response = receiver.post(BODY, signed_headers(BODY, delivery_id="away-1"))
+        assert (response.status_code, response.json()) == (503, {"error": "store_unavailable"})
+    [delivery] = publisher.handed_over
+    argument = delivery.as_task_argument()
+    # what the store would have kept: the event, the message, its status and the body's keyed hash
+    assert (argument["delivery_id"], argument["event"], argument["summary"]["message_id"]) == ("away-1", "message_updated",
+                                                                                             message_event()["id"])
+    assert argument["summary"]["body_digest"] and NewDelivery.from_task_argument(argument) == delivery
+    assert CONTENT not in json.dumps(argument) and PHONE not in json.dumps(argument)
+    assert publisher.rows == []
 
 
 def test_healthz(receiver: Receiver) -> None:
