@@ -24,7 +24,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "overload", "latency_80", "end_to_end", "db_cost",
-         "memory", "relay", "consumer", "intake_batch", "send_path_other_broker", "consumer_other_broker")
+         "memory", "relay", "consumer", "intake_batch", "send_path_other_broker", "consumer_other_broker", "tracking_calls")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
@@ -61,6 +61,8 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
                                "--broker", other_broker],
         "consumer_other_broker": ["consumer.py", "--outcomes", "500" if quick else "1000", "--concurrency", "2",
                               "--broker", other_broker],
+        # the product as deployed (no lifted limits, no fast timers): each phase waits out the read-backs
+        "tracking_calls": ["tracking_calls.py", "--notifications", "30" if quick else "100"],
     }
 
 
