@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Run every benchmark (issue 7) and write docs/benchmarks.md and docs/benchmarks.png. "
                     "Needs PostgreSQL at 127.0.0.1:5432 and redis-server installed (each benchmark runs its own), "
                     "and matplotlib for the plot (pip install 'matplotlib>=3.8').")
-    parser.add_argument("--quick", action="store_true", help="smaller numbers everywhere (about 15 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller numbers everywhere (about 20 minutes)")
     parser.add_argument("--only", nargs="+", choices=ORDER, help="run these benchmarks only (the others' figures are left out)")
     parser.add_argument("--memory-sends", type=int, help="sends for the memory figure (default 100000; 10000 with --quick)")
     parser.add_argument("--memory-in-process", action="store_true", help="measure memory around an in-process send loop")
