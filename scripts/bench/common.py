@@ -153,6 +153,19 @@ def environment(*, api_url: str, database_url: str, broker_url: str, uncapped: b
     return dispatcher_environment(api_url=api_url, database_url=database_url, broker_url=broker_url, **extra)
 
 
+def deployed_environment(*, api_url: str, database_url: str, broker_url: str, **overrides: str) -> dict[str, str]:
+    """The DISPATCHER_* environment of a run at the settings users deploy: the example
+    configuration's values, without the tests' shortened timers (FAST_TIMERS: retries, timeouts,
+    sweeps, stale rows) and without the benchmarks' lifted limits (UNCAPPED), as the chaos run."""
+    from tests.support.worker_process import FAST_TIMERS, dispatcher_environment
+
+    env = dispatcher_environment(api_url=api_url, database_url=database_url, broker_url=broker_url)
+    for fast in FAST_TIMERS:
+        env.pop(fast, None)
+    env.update(overrides)
+    return env
+
+
 def settings_from(env: dict[str, str]) -> Any:
     """Settings for a process that hands notifications over: the same values the workers get."""
     previous = {key: os.environ.get(key) for key in env}
@@ -169,15 +182,16 @@ def settings_from(env: dict[str, str]) -> Any:
                 os.environ[key] = value
 
 
-def reminder(event_id: str, contact: int, *, prefix: str = "bench-patient") -> dict[str, Any]:
+def reminder(event_id: str, contact: int, *, prefix: str = "bench-patient", phone_prefix: str = PHONE_PREFIX) -> dict[str, Any]:
     """An appointment reminder on the ``reminders`` route (platform inbox, approved template).
 
     The content starts ``Reminder <event_id>:`` so the sandbox's messages can be counted per event.
+    ``phone_prefix``: the sandbox's recipient rules go by it (the default is touched by none).
     """
     return {
         "event_id": event_id,
         "route": "reminders",
-        "contact": {"identifier": f"{prefix}-{contact}", "phone_number": f"{PHONE_PREFIX}{contact:04d}", "name": "Bench Patient"},
+        "contact": {"identifier": f"{prefix}-{contact}", "phone_number": f"{phone_prefix}{contact:04d}", "name": "Bench Patient"},
         "content": f"Reminder {event_id}: your appointment is tomorrow at 09:00",
         "template": {"name": "appointment_reminder", "language": "en", "category": "UTILITY",
                      "params": {"1": "Bench Patient", "2": "tomorrow 09:00"}},

@@ -153,6 +153,29 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"n": 12, "figure": f"{what} a second on {other['broker']} vs on {first['broker']}",
                     "ours": f"{_fmt(other[rate])}/s", "baseline": f"{_fmt(first[rate])}/s", "ratio": _fmt(ratio, 2),
                     "target": "within 20 % (≥ 0.8)", "met": ratio >= 0.8})
+    out += _tracking_rows(_r(b.get("tracking_calls")))
+    return out
+
+
+def _tracking_rows(r: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Figure 13, one row per variant: listMessages per outgoing message, new / known contacts,
+    against one read per status-less update (the baseline counted in the same run); 0 wrong fallbacks."""
+    if not r:
+        return []
+    out = []
+    for variant, data in r["variants"].items():
+        phases = data["phases"]
+        new, known = phases.get("new", {}), phases.get("known", {})
+        target = new.get("target_list_messages_per_message", known.get("target_list_messages_per_message"))
+        wrong = sum(phase["wrong_fallbacks"] for phase in phases.values())
+        out.append({"n": 13, "figure": f"Tracking: listMessages per outgoing message, new / known contacts,"
+                    f" {'no fault' if variant == 'plain' else 'the chaos suite faults'}; wrong fallbacks",
+                    "ours": f"{_fmt(new.get('list_messages_per_message'), 2)} / {_fmt(known.get('list_messages_per_message'), 2)};"
+                            f" {wrong} wrong",
+                    "baseline": f"{_fmt(new.get('baseline', {}).get('reads_per_message'), 2)} /"
+                                f" {_fmt(known.get('baseline', {}).get('reads_per_message'), 2)} (a read per status-less update)",
+                    "ratio": f"{_fmt(new.get('ratio_to_baseline'), 2)} / {_fmt(known.get('ratio_to_baseline'), 2)}",
+                    "target": f"≤ {_fmt(target, 1)} a message; 0 wrong", "met": all(phase["met"] for phase in phases.values())})
     return out
 
 
@@ -205,7 +228,7 @@ def render_markdown(results: dict[str, Any], plot_name: str) -> str:
         lines.append(f"| {row['n']} | {row['figure']} | {row['ours']} | {row['baseline']} | {row['ratio']} | {row['target']} | {_verdict(row['met'])} |")
     missing = [name for name in ("send_path", "api_calls", "faults", "receiver", "latency", "overload", "latency_80",
                                  "end_to_end", "db_cost", "memory", "relay", "consumer", "intake_batch",
-                                 *OTHER_BROKER)
+                                 *OTHER_BROKER, "tracking_calls")
                if not _r(b.get(name))]
     if missing:
         lines += ["", f"Not in this run (not asked for, or failed; see below): {', '.join(missing)}."]
@@ -515,6 +538,7 @@ def _details(results: dict[str, Any]) -> list[str]:
                     f" {_verdict(r['ratio'] >= r['target_ratio'])}.", ""]
     out += _end_to_end_details(b)
     out += _other_broker_details(b)
+    out += _tracking_details(b)
     return out
 
 
@@ -617,6 +641,86 @@ def _other_broker_details(b: dict[str, Any]) -> list[str]:
                     f" {first['broker']} in this run: {_fmt(first[rate])} a second (no-op {_fmt(first[base])}, ratio"
                     f" {_fmt(first['ratio'], 3)}). {r['broker']} / {first['broker']}: **{_fmt(r[rate] / first[rate], 2)}**;"
                     f" target within 20 %: {_verdict(r[rate] / first[rate] >= 0.8)}.", ""]
+    return out
+
+
+def _tracking_details(b: dict[str, Any]) -> list[str]:
+    run = b.get("tracking_calls")
+    if not run:
+        return []
+    out = ["### 13. Tracking's API calls: calls per notification with the status reads, reads per message", ""]
+    out += _run_line(run)
+    r = _r(run)
+    if r:
+        out += tracking_tables(r)
+    return out
+
+
+VARIANT_NAMES = {"plain": "no fault", "faults": "chaos faults"}
+
+
+def tracking_tables(r: dict[str, Any]) -> list[str]:
+    """What scripts/bench/tracking_calls.py measured, as Markdown: the run's shape, calls per
+    notification by operation, the reads against their baseline and the limiter, how the
+    notifications ended. docs/benchmarks.md's section on issue 44 shows the same tables."""
+    mix = ", ".join(f"{about['contacts']} {kind} (`{about['phone_prefix']}`: {about['what']})"
+                    for kind, about in r["mix"].items())
+    settings = r["settings"]
+    window = r["window"]
+    out = [f"{r['notifications_per_phase']} reminders a phase, one per contact: `new` (contacts the workspace has never"
+           f" seen), then `known` (one more to each). Recipients: {mix}. The whole product as deployed, at the example"
+           f" configuration's values ({settings['api_requests_per_minute']:,} calls and"
+           f" {settings['contact_searches_per_minute']} contact searches a minute, reads at most"
+           f" {_fmt(settings['reads_fraction_of_api_requests'], 1)} of them, `reconcile_after_s`"
+           f" {_fmt(settings['reconcile_after_s'], 0)} s, sweeps every {_fmt(settings['sweep_interval_s'], 0)} s): a send"
+           f" worker and an outcome consumer (concurrency {r['concurrency']} each), the receiver, beat, Redis, PostgreSQL;"
+           f" the sandbox's {r['sandbox']}. Each variant on a stack of its own; chaos faults: the chaos suite's (5 % 503"
+           " and 2 % 429 on every operation the dispatcher calls, 1 % of createMessage answers dropped after the commit;"
+           " webhooks 5 % dropped, 10 % duplicated, 10 % reordered), nothing killed. A phase waits until every"
+           f" notification is settled, then observes {window['rule'].removeprefix('after every notification settled: ')}"
+           f" (at most {_fmt(window['max_s'], 0)} s). Calls are the sandbox's counters before and after the phase,"
+           " listInboxes apart (read once per worker process and every 5 minutes).", ""]
+    operations = sorted({op for v in r["variants"].values() for phase in v["phases"].values() for op in phase["calls"]})
+    out += ["| calls per notification | " + " | ".join(operations) + " | total | listInboxes (calls) |",
+            "| --- |" + " --- |" * (len(operations) + 2)]
+    for variant, data in r["variants"].items():
+        for name, phase in data["phases"].items():
+            per = phase["calls_per_notification_by_operation"]
+            out.append(f"| {VARIANT_NAMES.get(variant, variant)}, {name} | " + " | ".join(_fmt(per.get(op, 0.0), 2) for op in operations)
+                       + f" | **{_fmt(phase['calls_per_notification'], 2)}** | {phase['list_inboxes']} |")
+    out += ["", "| reads | outgoing messages | listMessages | a message | status reads (limiter) | a message |"
+            " status-less updates received (baseline: a read each) | a message | ratio | reads' share of the limiter's grants"
+            " | target | verdict |", "| --- |" + " --- |" * 11]
+    for variant, data in r["variants"].items():
+        for name, phase in data["phases"].items():
+            base, grants = phase["baseline"], phase["limiter_grants"]
+            counts = grants["by_bucket"]
+            out.append(f"| {VARIANT_NAMES.get(variant, variant)}, {name} | {phase['outgoing_messages']} | {phase['list_messages']} |"
+                       f" **{_fmt(phase['list_messages_per_message'], 2)}** | {phase['status_reads']} |"
+                       f" {_fmt(phase['status_reads_per_message'], 2)} | {base['message_updated']} |"
+                       f" {_fmt(base['reads_per_message'], 2)} | {_fmt(phase['ratio_to_baseline'], 3)} |"
+                       f" {_fmt(grants['reads_share'], 3)} ({counts.get('reads', 0)} of {counts.get('account', 0)}) |"
+                       f" ≤ {_fmt(phase['target_list_messages_per_message'], 1)}, 0 wrong | {_verdict(phase['met'])} |")
+    out += ["", "| how they ended | settled after | observed after | states | by recipient | fallbacks | wrong fallbacks |"
+            " unexpected | faults that fired | webhooks (sandbox) |", "| --- |" + " --- |" * 9]
+    for variant, data in r["variants"].items():
+        for name, phase in data["phases"].items():
+            kinds = "; ".join(f"{kind}: " + ", ".join(f"{n} {state}" for state, n in states.items())
+                              for kind, states in phase["by_kind"].items())
+            states = ", ".join(f"{n} {state}" for state, n in phase["states"].items())
+            hooks = phase["sandbox_webhooks"]
+            webhooks = ", ".join(f"{hooks.get(k, 0)} {k}" for k in ("events", "dropped", "duplicated", "reordered")
+                                 if k == "events" or hooks.get(k))
+            fired = ", ".join(f"{n} {kind}" for kind, n in phase["faults_fired"].items()) or "none"
+            out.append(f"| {VARIANT_NAMES.get(variant, variant)}, {name} | {_fmt(phase['settled_after_s'], 0)} s"
+                       f"{'' if phase['settled'] else ' (**not all**)'} | {_fmt(phase['window_s'], 0)} s |"
+                       f" {states} | {kinds} | {phase['fallbacks']} | **{phase['wrong_fallbacks']}** |"
+                       f" {len(phase['unexpected_outcomes'])} | {fired} | {webhooks} |")
+    out += ["", "The baseline is counted, not run: a client that reads the message list for every stock event makes one"
+            " listMessages per `message_updated` (a stock workspace puts a status at the top level of none of them); the"
+            " receiver's own records say how many it got in the phase's span, copies included. The ratio is our"
+            " listMessages over that. listMessages counts every read of the message list (the send path's reads before a"
+            " resend too); status reads are the limiter's `reads` grants, tracking's reads alone.", ""]
     return out
 
 

@@ -78,3 +78,38 @@ def test_the_reads_share_line_names_the_share_its_counts_and_the_budget_and_is_l
     assert blank == ""
     assert report._reads_share_line(None) == []  # a result from before the count
     assert report._reads_share_line({**grants, "reads_share": None}) == []  # nothing granted
+
+
+def tracking_phase(*, reads_per_message: float, target: float, wrong: int = 0) -> dict[str, Any]:
+    return {"notifications": 10, "settled": True, "settled_after_s": 2.0, "window_s": 70.0,
+            "calls": {"createMessage": 11, "listMessages": 1}, "list_inboxes": 0,
+            "calls_per_notification_by_operation": {"createMessage": 1.1, "listMessages": 0.1},
+            "calls_per_notification": 1.2, "faults_fired": {}, "sandbox_webhooks": {"events": 42},
+            "outgoing_messages": 11, "list_messages": 1, "list_messages_per_message": reads_per_message,
+            "status_reads": 1, "status_reads_per_message": 0.09,
+            "limiter_grants": {"by_bucket": {"account": 12, "reads": 1}, "reads_share": 0.083},
+            "baseline": {"message_updated": 31, "reads_per_message": 2.82}, "ratio_to_baseline": 0.032,
+            "states": {"read": 8, "delivered": 2}, "fallbacks": 1, "by_kind": {"reads": {"read": 8}},
+            "unexpected_outcomes": [], "wrong_fallbacks": wrong, "target_list_messages_per_message": target,
+            "met": reads_per_message <= target and wrong == 0}
+
+
+def tracking_result(**variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"notifications_per_phase": 10, "concurrency": 2,
+            "mix": {"reads": {"phone_prefix": "+1555033", "what": "read", "contacts": 10}},
+            "settings": {"api_requests_per_minute": 2400, "contact_searches_per_minute": 90,
+                         "reads_fraction_of_api_requests": 0.2, "reconcile_after_s": 60.0, "sweep_interval_s": 5.0},
+            "sandbox": "stock", "window": {"min_s": 70.0, "max_s": 300.0, "rule": "at least 70 s"},
+            "variants": {name: {"phases": phases} for name, phases in variants.items()}}
+
+
+def test_tracking_reads_are_met_per_variant_only_when_every_phase_is_within_its_target_with_no_wrong_fallback() -> None:
+    good = {"new": tracking_phase(reads_per_message=0.1, target=1.0), "known": tracking_phase(reads_per_message=0.1, target=1.0)}
+    over = {**good, "known": tracking_phase(reads_per_message=1.1, target=1.0)}
+    wrong = {**good, "new": tracking_phase(reads_per_message=0.1, target=1.0, wrong=1)}
+    faults = {"new": tracking_phase(reads_per_message=1.1, target=1.2), "known": tracking_phase(reads_per_message=0.2, target=1.2)}
+    assert verdicts({"tracking_calls": ran(tracking_result(plain=good, faults=faults))})[13] == [True, True]
+    assert verdicts({"tracking_calls": ran(tracking_result(plain=over))})[13] == [False]
+    assert verdicts({"tracking_calls": ran(tracking_result(plain=wrong))})[13] == [False]
+    tables = "\n".join(report.tracking_tables(tracking_result(plain=good, faults=faults)))
+    assert "| no fault, new |" in tables and "| chaos faults, known |" in tables and "**1.20**" in tables
