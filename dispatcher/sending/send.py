@@ -52,6 +52,7 @@ from dispatcher.sending.recover import find_sent_message
 from dispatcher.sending.resolve import (
     NotContactable,
     contact_keys,
+    linked_conversation,
     resolve_contact,
     resolve_conversation,
     resolve_source_id,
@@ -568,8 +569,10 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
     if inbox is None:
         return _fail(job, ctx, "inbox_not_found", f"route {job.route_name!r} names no inbox of the workspace")
     contact_id, returned_source_id = resolve_contact(ctx, job.contact, inbox_id=inbox.id)
-    source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
-    conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
+    conversation_id = linked_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id)
+    if conversation_id is None:
+        source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
+        conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
     with ctx.sessions() as session:
         window = store.window_open(
             session, account=ctx.settings.account, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()

@@ -100,6 +100,24 @@ def test_a_dropped_response_after_commit_is_adopted_not_resent(context: SendCont
     assert _calls(sandbox)["createMessage"] == 1
 
 
+def test_a_known_pair_s_run_after_a_failed_call_asks_for_no_source_id(context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a patient whose conversation is linked (a first reminder went out)
+    first = _accept(context, reminder("evt-linked-1", identifier="pat-linked", phone="+15550300031"))
+    assert drive(context, first)[-1].outcome is Outcome.ACCEPTED
+    # and a second reminder whose first createMessage answered 503 (its next run is not the warm path)
+    second = _accept(context, reminder("evt-linked-2", identifier="pat-linked", phone="+15550300031"))
+    sandbox.set_faults({"createMessage": {"server_error_share": 1.0}})
+    assert send_notification(second, context).outcome is Outcome.RETRY
+    sandbox.set_faults({})
+    before = _calls(sandbox)
+    # When it runs again
+    assert drive(context, second)[-1].outcome is Outcome.ACCEPTED
+    spent = {op: n - before.get(op, 0) for op, n in _calls(sandbox).items() if n != before.get(op, 0)}
+    # Then it lists no inboxes of the contact for a source_id the linked conversation makes needless
+    assert "listContactableInboxes" not in spent and "createConversation" not in spent
+    assert spent.get("createMessage") == 1
+
+
 def _lose_the_answer_of_the_first_send(ctx: SendContext, sandbox: SandboxProcess, event_id: str, phone: str) -> int:
     """A notification whose createMessage committed and whose answer never came back."""
     notification_id = _accept(ctx, reminder(event_id, identifier=f"pat-{event_id}", phone=phone))
