@@ -461,7 +461,7 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"messages in the sandbox {report['messages']}",
         f"final notification states {report['notification_states']}; attempts {report['attempt_states']}",
         f"delivered here but read in the sandbox (read report lost): {report['read_lag']}",
-        f"delivered, overwritten by a late sent, and no two reports of it received (the receiver was down): "
+        f"delivered, overwritten by a late sent, and no two reports of it received (lost on the way: the receiver down, or dropped): "
         f"{report['unreported_overwritten']} (counted apart: nothing the dispatcher was told could show it)",
         f"error kinds: notifications {report['error_kinds']['notifications'] or '{}'}, "
         f"attempts {report['error_kinds']['attempts'] or '{}'}",
