@@ -655,18 +655,39 @@ def note_update(session: Session, attempt_id: int, digest: str) -> bool:
     return kept is not None and kept != digest
 
 
-def distinct_clean_updates(session: Session, workspace: str, message_id: int) -> int:
-    """How many distinct updates without a failure the workspace reported for the message, among
-    every delivery received (applied or still waiting for a consumer): copies of one delivery count
-    once (their bodies are the same). A delivery stored without a digest counts as its own."""
+@dataclass(frozen=True)
+class ReceivedEvidence:
+    """What every delivery received about one message says, applied or not (a busy consumer's, or
+    one that came before its send was recorded and was taken for another's message)."""
+
+    distinct_updates: int  # updates without a failure, copies counted once (their bodies are the same)
+    furthest_status: str | None  # the furthest delivery status an event carried: delivered or read
+
+
+_FURTHER = ("delivered", "read")
+
+
+def received_evidence(session: Session, workspace: str, message_id: int) -> ReceivedEvidence:
+    """:class:`ReceivedEvidence` of the message, from ``webhook_deliveries`` (by its message index).
+    A delivery stored without a digest counts as an update of its own."""
     rows = session.execute(select(WebhookDelivery.id, WebhookDelivery.summary).where(
         WebhookDelivery.workspace == workspace, WebhookDelivery.message_id == message_id,
-        WebhookDelivery.event == "message_updated"))
+        WebhookDelivery.event.in_(("message_created", "message_updated"))))
     seen: set[str] = set()
+    furthest: str | None = None
     for row_id, summary in rows:
-        if _clean_update(summary):
+        status = summary.get("status") if isinstance(summary, dict) else None
+        if status in _FURTHER and (furthest is None or _FURTHER.index(status) > _FURTHER.index(furthest)):
+            furthest = status
+        if summary.get("event") == "message_updated" and _clean_update(summary):
             seen.add(summary.get("body_digest") or f"row {row_id}")
-    return len(seen)
+    return ReceivedEvidence(len(seen), furthest)
+
+
+def distinct_clean_updates(session: Session, workspace: str, message_id: int) -> int:
+    """How many distinct updates without a failure the workspace reported for the message, among
+    every delivery received (applied or not): copies of one delivery count once."""
+    return received_evidence(session, workspace, message_id).distinct_updates
 
 
 def _clean_update(summary: Any) -> bool:

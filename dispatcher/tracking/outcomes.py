@@ -657,8 +657,34 @@ def _after_read(read: store.DueRead, outcome: Outcome | None, ctx: SendContext, 
             state=state, reports_read=reports_read(read.channel), accepted_at=read.accepted_at or now, now=now,
             plan=readback_plan_of(ctx.settings), after_read=not unreadable))
     if outcome is None or outcome.status is None:
-        return "unreadable" if unreadable else "no_status"
-    return apply_outcome(outcome, ctx, enqueuer)
+        word = "unreadable" if unreadable else "no_status"
+    else:
+        word = apply_outcome(outcome, ctx, enqueuer)
+    if state in UNCONFIRMED_STATES and word in _NOTHING_LEARNT:
+        return weigh_received(read.message_id, ctx, enqueuer) or word
+    return word
+
+
+# A read's words that leave an unconfirmed attempt as it was: then what was received is weighed.
+_NOTHING_LEARNT = frozenset({"no_status", "unreadable", "stale", "duplicate_status", "applied_sent"})
+
+
+def weigh_received(message_id: int, ctx: SendContext, enqueuer: Enqueuer | None) -> str | None:
+    """Everything ever received about the message, applied or not: a delivery the consumer took
+    for another's message because it came before the send was recorded (``ignored_not_ours``), one
+    still waiting for a busy consumer. A status it carried past sent is applied; two distinct
+    updates without a failure mean the message moved past sent (a late ``sent`` overwrote it) and
+    it is recorded delivered. None: nothing there says more than the read did. Called when a read
+    of an unconfirmed attempt learnt nothing (reconciliation, the deadline's read)."""
+    with ctx.sessions() as session:
+        seen = store.received_evidence(session, ctx.settings.workspace_name, message_id)
+    if seen.furthest_status is not None:
+        word = apply_outcome(Outcome(message_id, seen.furthest_status, None), ctx, enqueuer)
+        return word if word.startswith("applied_") else None
+    if seen.distinct_updates >= 2:
+        word = apply_outcome(Outcome(message_id, "delivered", None), ctx, enqueuer)
+        return DELIVERED_BY_EVENTS if word == "applied_delivered" else None
+    return None
 
 
 def read_back_message(message_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:

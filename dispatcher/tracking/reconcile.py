@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
-from dispatcher.lifecycle.states import AttemptState
 from dispatcher.policy.breaker import pause_reason
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
@@ -94,30 +93,14 @@ def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: Send
     except Wait:
         read = "unreadable"  # not now, by our own limiter
     if read in ("applied_delivered", "applied_read"):
-        return "confirmed_by_read"  # its report was lost; it arrived all the same
-    if read == tracking.DELIVERED_BY_EVENTS or _moved_past_sent(attempt, ctx, enqueuer):
+        return "confirmed_by_read"  # its report was lost, or taken for another's; it arrived all the same
+    if read == tracking.DELIVERED_BY_EVENTS:
         return "confirmed_by_events"  # updated again after sent without a failure: a late sent overwrote it
     overdue_s = (ctx.clock() - attempt.accepted_at).total_seconds() - deadline_s
     if read == "unreadable" and overdue_s < ctx.settings.reconcile_max_interval_s:
         return "put_off_unreadable"
     return tracking.decide_fallback(attempt.notification_id, fall_back=True, reason="not delivered by the deadline",
                                     failed=False, ctx=ctx, enqueuer=enqueuer)
-
-
-def _moved_past_sent(attempt: store.LateAttempt, ctx: SendContext, enqueuer: Enqueuer) -> bool:
-    """Everything ever received about the message, applied or still waiting for a consumer: two
-    distinct updates without a failure mean it moved past sent (docs/tracking.md). Then it is
-    recorded delivered, and the deadline has nothing to decide."""
-    if attempt.message_id is None:
-        return False
-    with ctx.sessions() as session:
-        updates = store.distinct_clean_updates(session, ctx.settings.workspace_name, attempt.message_id)
-    if updates < 2:
-        return False
-    tracking.apply_outcome(tracking.Outcome(attempt.message_id, "delivered", None), ctx, enqueuer)
-    with ctx.sessions() as session:  # delivered now, by this move or a concurrent one (not a failure recorded since)
-        after = store.attempt_by_message(session, ctx.settings.workspace_name, attempt.message_id)
-    return after is not None and after.state in (AttemptState.DELIVERED, AttemptState.READ)
 
 
 def record_and_process(delivery: NewDelivery, ctx: SendContext, enqueuer: Enqueuer) -> str:

@@ -306,6 +306,34 @@ def test_the_deadline_weighs_updates_still_waiting_for_a_consumer_and_does_not_f
         assert enqueuer.sent == []  # no fallback: the patient has the message
 
 
+@pytest.mark.parametrize(("early", "word"), [
+    ([("d-1", None), ("d-2", None)], "delivered_by_events"),  # two updates, no status of their own
+    ([("d-1", "delivered")], "applied_delivered"),  # one that carried its status (conversation.messages[0])
+])
+def test_reports_that_came_before_the_send_was_recorded_are_weighed_by_the_next_read_back(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch,
+    early: list[tuple[str, str | None]], word: str,
+) -> None:
+    """Reports that reached the consumer before the send path recorded the message were taken for
+    another's (``ignored_not_ours``); a late "sent" has overwritten the workspace's status since.
+    The read-back finds "sent": what was received says more, and is weighed (a fallback attempt has
+    no deadline to do it)."""
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
+        _send(ctx, reminder(f"trk-early-{word}", identifier=f"trk-p37-{word}", phone="+15550200037"))
+        message_id = intake.status(ctx.sessions, f"trk-early-{word}").message_id
+        assert message_id is not None
+        rows = _recorded(ctx, *((f"early-{word}-{n}", {**_update(message_id, digest).model_dump(mode="json"),
+                                                        "status": status})
+                               for n, (digest, status) in enumerate(early)))
+        with ctx.sessions.begin() as session:
+            for row in rows:
+                store.mark_delivery_processed(session, row, outcome="ignored_not_ours", now=ctx.clock())
+        time.sleep(0.1)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {word: 1}
+        record = intake.status(ctx.sessions, f"trk-early-{word}")
+        assert (record.state, record.fallback_decision) == ("delivered", None)
+
+
 def test_the_deadline_falls_back_when_the_only_update_is_copied(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
