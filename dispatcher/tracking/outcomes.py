@@ -617,6 +617,10 @@ def reconcile_due(reads: list[store.DueRead], ctx: SendContext, enqueuer: Enqueu
         for conversation_id, group in by_conversation.items():
             newest = max(group, key=lambda read: read.message_id)
             found, listed, unreadable = _read_for(ctx, conversation_id, newest.message_id)
+            due = {read.message_id for read in group}
+            for message_id, news in found.items():
+                if message_id not in due:  # the same read answers our other messages on the page, due or not
+                    apply_outcome(news, ctx, enqueuer)
             for read in group:
                 outcome, failed = found.get(read.message_id), unreadable
                 if not unreadable and read.message_id not in listed:  # older than the page: its own read
@@ -647,21 +651,25 @@ def _read_for(ctx: SendContext, conversation_id: int | None, message_id: int) ->
 
 def _after_read(read: store.DueRead, outcome: Outcome | None, ctx: SendContext, enqueuer: Enqueuer, *,
                 unreadable: bool) -> str:
-    now = ctx.clock()
     state = AttemptState(read.state)
-    # As after a read that found nothing new (news reschedules it); a read that failed learnt
-    # nothing, so it is tried again as if it had not been made (the chaos run's 503 on the one read
-    # of a delivered message left its lost read report unfollowed).
-    with ctx.sessions.begin() as session:
-        store.schedule_read(session, read.attempt_id, at=next_read_at(
-            state=state, reports_read=reports_read(read.channel), accepted_at=read.accepted_at or now, now=now,
-            plan=readback_plan_of(ctx.settings), after_read=not unreadable))
     if outcome is None or outcome.status is None:
         word = "unreadable" if unreadable else "no_status"
     else:
         word = apply_outcome(outcome, ctx, enqueuer)
     if state in UNCONFIRMED_STATES and word in _NOTHING_LEARNT:
-        return weigh_received(read.message_id, ctx, enqueuer) or word
+        word = weigh_received(read.message_id, ctx, enqueuer) or word
+    if word in _NOTHING_LEARNT:
+        # Nothing moved it (a move schedules its own next read): the next read as after a read
+        # that found nothing new; a read that failed learnt nothing, so it is made again as if it
+        # had not been made (the chaos run's 503 on the one read of a delivered message). Scheduled
+        # after the outcome, never before: a process killed in between leaves the sweep's hold
+        # (READ_HOLD_S), so the read comes again, where a schedule of "never" written first would
+        # have lost the outcome for good (the full-size chaos run's relay kills found one).
+        now = ctx.clock()
+        with ctx.sessions.begin() as session:
+            store.schedule_read(session, read.attempt_id, at=next_read_at(
+                state=state, reports_read=reports_read(read.channel), accepted_at=read.accepted_at or now, now=now,
+                plan=readback_plan_of(ctx.settings), after_read=not unreadable))
     return word
 
 

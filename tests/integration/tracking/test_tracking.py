@@ -34,7 +34,7 @@ from dispatcher.store.account import Account
 from dispatcher.store.models import Attempt, Suppression, WebhookDelivery
 from dispatcher.tracking import outcomes
 from dispatcher.tracking.outcomes import apply_event
-from dispatcher.tracking.reconcile import process_deliveries, process_delivery, tracking_sweep
+from dispatcher.tracking.reconcile import READ_HOLD_S, process_deliveries, process_delivery, tracking_sweep
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary
 from tests.support.dispatcher_setup import EXAMPLE as EXAMPLE_CONFIG
@@ -408,6 +408,52 @@ def test_the_one_read_back_of_a_delivered_message_that_fails_is_made_again(
             sandbox.set_faults({})
         time.sleep(0.1)
         assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {"applied_read": 1}
+
+
+def test_a_read_back_whose_process_dies_before_its_outcome_is_made_again_after_the_hold(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
+        _send(ctx, reminder("trk-read-dies", identifier="trk-p16", phone="+15550400016"))
+        message_id = intake.status(ctx.sessions, "trk-read-dies").message_id
+        assert message_id is not None
+        assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"  # the read report lost
+        _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.1)
+        # the one read-back reads "read", and its process dies before it applies it
+        clean_environment.setattr(outcomes, "apply_outcome", lambda *args, **kwargs: (_ for _ in ()).throw(
+            RuntimeError("killed")))
+        with pytest.raises(RuntimeError):
+            tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        clean_environment.undo()
+        assert intake.status(ctx.sessions, "trk-read-dies").state == "delivered"
+        # then, once the sweep's hold has passed, it is read again and the read applied
+        real_clock = ctx.clock
+        ctx.clock = lambda: real_clock() + timedelta(seconds=READ_HOLD_S + 1)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {"applied_read": 1}
+        assert intake.status(ctx.sessions, "trk-read-dies").state == "read"
+
+
+def test_a_read_back_answers_every_message_of_ours_on_the_page_not_only_the_due_one(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
+        # two reminders to one patient; the first's delivery reported (its one read-back a minute off), the second's not
+        for n in (1, 2):
+            _send(ctx, reminder(f"trk-page-{n}", identifier="trk-p17", phone="+15550400017"))
+        first, second = (intake.status(ctx.sessions, f"trk-page-{n}").message_id for n in (1, 2))
+        assert first is not None and second is not None
+        with ctx.sessions.begin() as session:  # the first's read-back is far off; the second's is due
+            assert apply_event(_updated(first, "delivered"), ctx, enqueuer) == "applied_delivered"
+            attempt = store.attempt_by_message(session, ctx.settings.workspace_name, first)
+            assert attempt is not None
+            store.schedule_read(session, attempt.id, at=ctx.clock() + timedelta(hours=1))
+        for message_id in (first, second):
+            _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.1)
+        assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {"applied_read": 1}
+        # the read for the second answered the first too
+        assert [intake.status(ctx.sessions, f"trk-page-{n}").state for n in (1, 2)] == ["read", "read"]
 
 
 def test_a_delivered_message_is_read_back_once_at_most_and_a_delivered_sms_never(
