@@ -391,15 +391,21 @@ def test_a_delivered_platform_message_whose_read_report_was_lost_is_read_back_on
         assert tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome).reconciled == {}
 
 
+def _delivered_with_its_read_report_lost(ctx: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer,
+                                        event_id: str, identifier: str, phone: str) -> None:
+    """A reminder sent, its delivery applied, then read in the workspace with that report lost."""
+    _send(ctx, reminder(event_id, identifier=identifier, phone=phone))
+    message_id = intake.status(ctx.sessions, event_id).message_id
+    assert message_id is not None
+    assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"
+    _sandbox_status(sandbox, message_id, {"read"})
+
+
 def test_the_one_read_back_of_a_delivered_message_that_fails_is_made_again(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
     for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
-        _send(ctx, reminder("trk-read-again", identifier="trk-p15", phone="+15550400015"))
-        message_id = intake.status(ctx.sessions, "trk-read-again").message_id
-        assert message_id is not None
-        assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"  # the read report lost
-        _sandbox_status(sandbox, message_id, {"read"})
+        _delivered_with_its_read_report_lost(ctx, sandbox, enqueuer, "trk-read-again", "trk-p15", "+15550400015")
         sandbox.set_faults({"listMessages": {"server_error_share": 1.0}})
         try:
             time.sleep(0.1)
@@ -414,11 +420,7 @@ def test_a_read_back_whose_process_dies_before_its_outcome_is_made_again_after_t
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
     for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.05):
-        _send(ctx, reminder("trk-read-dies", identifier="trk-p16", phone="+15550400016"))
-        message_id = intake.status(ctx.sessions, "trk-read-dies").message_id
-        assert message_id is not None
-        assert apply_event(_updated(message_id, "delivered"), ctx, enqueuer) == "applied_delivered"  # the read report lost
-        _sandbox_status(sandbox, message_id, {"read"})
+        _delivered_with_its_read_report_lost(ctx, sandbox, enqueuer, "trk-read-dies", "trk-p16", "+15550400016")
         time.sleep(0.1)
         # the one read-back reads "read", and its process dies before it applies it
         clean_environment.setattr(outcomes, "apply_outcome", lambda *args, **kwargs: (_ for _ in ()).throw(
