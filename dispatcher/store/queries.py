@@ -684,12 +684,6 @@ def received_evidence(session: Session, workspace: str, message_id: int) -> Rece
     return ReceivedEvidence(len(seen), furthest)
 
 
-def distinct_clean_updates(session: Session, workspace: str, message_id: int) -> int:
-    """How many distinct updates without a failure the workspace reported for the message, among
-    every delivery received (applied or not): copies of one delivery count once."""
-    return received_evidence(session, workspace, message_id).distinct_updates
-
-
 def _clean_update(summary: Any) -> bool:
     """The stored summary (dispatcher.tracking.webhooks.events.EventSummary, as JSON) of an update
     that reports no failure, of a message not incoming."""

@@ -45,7 +45,7 @@ from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
-from dispatcher.store.queries import distinct_clean_updates
+from dispatcher.store.queries import received_evidence
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.postgres_server import PrivatePostgres, private_postgres
 from tests.support.rabbitmq_node import private_rabbitmq, queued_of
@@ -1042,9 +1042,10 @@ def overwritten_unreported(message: dict[str, Any], updates_received: dict[int, 
 
 def updates_received(engine: sa.Engine, message_ids: Iterable[int]) -> dict[int, int]:
     """Distinct updates without a failure the dispatcher received for each message (its own rule,
-    dispatcher.store.queries.distinct_clean_updates), for the messages a late "sent" overwrote."""
+    dispatcher.store.queries.received_evidence), for the messages a late "sent" overwrote."""
     with Session(engine) as session:
-        return {message_id: distinct_clean_updates(session, "default", message_id) for message_id in message_ids}
+        return {message_id: received_evidence(session, "default", message_id).distinct_updates
+                for message_id in message_ids}
 
 
 def check(planned: list[Planned], rows: dict[str, Row], messages: list[dict[str, Any]],
