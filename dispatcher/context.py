@@ -23,7 +23,7 @@ from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import ConfigurationError, DispatcherError
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Breaker, BreakerPlan, LocalBreaker, RedisBreaker
-from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket
+from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimiter, route_bucket, urgent_bucket
 from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.policy.routes import find_route_inbox
@@ -46,6 +46,9 @@ SEARCH_BUCKET = "search"
 # the bucket refuses waits as for any limiter wait (``Wait``: the consumer's task, the read-backs
 # and the deadline's read come back later).
 READS_BUCKET = "reads"
+# The budgets urgent calls take their share of, with an own bucket beside each (urgent_bucket).
+# The status reads are normal calls: the reads bucket has no urgent share.
+URGENT_SHARED_BUCKETS = (ACCOUNT_BUCKET, SEARCH_BUCKET)
 # After a 429 the reads wait this many times the sends' pause, so the sends resume first.
 READS_PAUSE_FACTOR = 2.0
 INBOX_CACHE_TTL_S = 300.0
@@ -105,6 +108,9 @@ class SendContext:
     max_inline_wait_s: float = 2.0  # a shorter limiter wait is slept through; a longer one retries the task
     enqueuer: Enqueuer | None = None  # publishes the fallback's send task; None: the sweep publishes it
     breaker: Breaker = field(default_factory=LocalBreaker)  # shared through Redis in workers (make_breaker)
+    # This run sends an urgent notification (the send path sets it per run, docs/priorities.md):
+    # its calls take urgent's share and come first to the limits.
+    urgent: bool = False
 
 
 def limits_of(settings: Settings) -> dict[str, Limit]:
@@ -113,10 +119,19 @@ def limits_of(settings: Settings) -> dict[str, Limit]:
         SEARCH_BUCKET: Limit(per_minute=settings.contact_searches_per_minute),
         READS_BUCKET: Limit(per_minute=reads_per_minute(settings)),
     }
+    for shared in URGENT_SHARED_BUCKETS:  # urgent calls' share of each (docs/priorities.md)
+        limits[urgent_bucket(shared)] = Limit(per_minute=urgent_per_minute(limits[shared].per_minute, settings))
     for name, route in settings.routes.items():
         if route.max_per_minute is not None:
             limits[route_bucket(name)] = Limit(per_minute=route.max_per_minute)
     return limits
+
+
+def urgent_per_minute(shared_per_minute: int, settings: Settings) -> int:
+    """Urgent calls' share of a budget, rounded down: at least one a minute is left to normal ones
+    (a budget of one a minute is urgent's to share: it cannot be split)."""
+    share = math.floor(settings.urgent_fraction_of_api_requests * shared_per_minute)
+    return max(1, min(share, shared_per_minute - 1)) if shared_per_minute > 1 else 1
 
 
 def reads_per_minute(settings: Settings) -> int:
@@ -212,16 +227,23 @@ def pause_after_429(limiter: Limiter, pause_s: float) -> None:
 def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
     """Take the shared rate-limit slots for one API call, then make it.
 
+    A call of an urgent run (``ctx.urgent``) takes urgent's share beside the shared buckets, and
+    the limiter serves it before normal calls (docs/priorities.md).
+
     A call that takes :data:`READS_BUCKET` is a status read: its 429 pauses the limiter here, and
     the error goes on to the caller as before. Tracking turns a failed read into "unreadable" or a
     spent try and has no retry decision to pause with; the send path pauses from its own decision
     (``Decision.pause_s``, which grows with the tries)."""
-    wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+    taken = (ACCOUNT_BUCKET, *buckets)
+    urgent = ctx.urgent
+    if urgent:
+        taken += tuple(urgent_bucket(bucket) for bucket in taken if bucket in URGENT_SHARED_BUCKETS)
+    wait_s = ctx.limiter.acquire_many(taken, urgent=urgent)
     if wait_s > 0:
         if wait_s > ctx.max_inline_wait_s:
             raise Wait(wait_s, "rate limit")
         ctx.sleep(wait_s)
-        wait_s = ctx.limiter.acquire_many((ACCOUNT_BUCKET, *buckets))
+        wait_s = ctx.limiter.acquire_many(taken, urgent=urgent)
         if wait_s > 0:
             raise Wait(wait_s, "rate limit")
     try:

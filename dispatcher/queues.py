@@ -6,10 +6,17 @@ so a host that only enqueues never imports the workers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+# The default workspace's normal sends: the name it always had, so tasks queued before lanes came
+# are still consumed after an upgrade.
 SEND_QUEUE = "dispatcher.send"
+# Urgent sends have lanes of their own (docs/priorities.md). A workspace name holds no dot, so no
+# workspace's queue can be named like a lane.
+URGENT_QUEUE = "dispatcher.urgent"
 OUTCOMES_QUEUE = "dispatcher.outcomes"
 MAINTENANCE_QUEUE = "dispatcher.maintenance"
 
@@ -55,6 +62,30 @@ RESTORE_LOCK_EXPIRY_S = 10
 # What a countdown task may spend unacknowledged beyond its countdown: the wait for a free pool
 # process and the run itself.
 COUNTDOWN_MARGIN_S = 10
+
+
+class Priority(StrEnum):
+    """A notification's lane: ``urgent`` (a one-time code, a same-day change) or ``normal``."""
+
+    URGENT = "urgent"
+    NORMAL = "normal"
+
+
+DEFAULT_WORKSPACE_NAME = "default"  # dispatcher.settings.DEFAULT_WORKSPACE (settings imports this module)
+
+
+def send_queue(workspace: str, priority: Priority) -> str:
+    """The queue of a workspace's sends of one priority: each workspace and lane its own queue, so
+    a backlog or an outage of one never stands in front of another's tasks. Every send worker
+    consumes every send queue (``send_queues``), taking them in turn (docs/priorities.md)."""
+    base = URGENT_QUEUE if priority is Priority.URGENT else SEND_QUEUE
+    return base if workspace == DEFAULT_WORKSPACE_NAME else f"{base}.{workspace}"
+
+
+def send_queues(workspaces: Iterable[str]) -> list[str]:
+    """Every send queue of these workspaces (the default one always), urgent lanes first."""
+    names = [DEFAULT_WORKSPACE_NAME, *sorted(set(workspaces) - {DEFAULT_WORKSPACE_NAME})]
+    return [send_queue(name, priority) for priority in (Priority.URGENT, Priority.NORMAL) for name in names]
 
 
 EMBEDDED_TRANSPORT = "dispatcher.embedded_broker:Transport"

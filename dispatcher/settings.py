@@ -38,7 +38,14 @@ from pydantic_settings import (
 )
 
 from dispatcher.errors import ConfigurationError
-from dispatcher.queues import COUNTDOWN_MARGIN_S, DEFAULT_VISIBILITY_TIMEOUT_S, has_visibility_timeout
+from dispatcher.queues import (
+    COUNTDOWN_MARGIN_S,
+    DEFAULT_VISIBILITY_TIMEOUT_S,
+    DEFAULT_WORKSPACE_NAME,
+    Priority,
+    has_visibility_timeout,
+    send_queues,
+)
 from dispatcher.store.account import TOP_LEVEL_INSTANCE, Account
 
 ENV_PREFIX = "DISPATCHER_"
@@ -149,6 +156,9 @@ class Route(BaseModel):
     template_required: bool = False  # force an approved template even inside the service window
     delivery_deadline_s: float = Field(default=900.0, gt=0)  # not delivered by then: decide on fallback
     max_per_minute: int | None = Field(default=None, gt=0)  # required for web_session routes
+    # The lane of its notifications when a request names none (docs/priorities.md): urgent ones go
+    # through queues of their own and come first to the rate limits.
+    priority: Priority = Priority.NORMAL
     # Recipients decide (docs/opt-outs.md): the category of a notification that names none, and
     # the whole replies, trimmed and in any case, that opt a contact out of / back into this channel.
     category: str = Field(default="service", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -212,7 +222,7 @@ class Template(BaseModel):
 SecretList = Annotated[list[SecretStr], NoDecode]
 
 
-DEFAULT_WORKSPACE = "default"  # the workspace of the top-level settings, and of every notification naming none
+DEFAULT_WORKSPACE = DEFAULT_WORKSPACE_NAME  # the workspace of the top-level settings, and of every notification naming none
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
@@ -338,6 +348,10 @@ class Settings(BaseSettings):
     # that reads after an evening batch never fill the budget new sends need; sends may use all of
     # it. A 429 pauses the reads twice as long as the sends (docs/tracking.md, "Sends before reads").
     reads_fraction_of_api_requests: float = Field(default=0.2, gt=0, le=1)
+    # Urgent first, normal never starved (docs/priorities.md): a normal send stands back while an
+    # urgent one waits for the same budget, but urgent sends take at most this fraction of each
+    # budget (API requests, contact searches) in any minute, so normal sends always keep the rest.
+    urgent_fraction_of_api_requests: float = Field(default=0.8, gt=0, lt=1)
     # A send task that died this many times on one attempt (a crash loop: a killed worker, a bug that
     # kills the process) is set aside as crash_loop until an operator retries it; apart from
     # retry_max_tries, which counts only calls that reached the workspace.
@@ -562,6 +576,12 @@ class Settings(BaseSettings):
     @property
     def workspace_names(self) -> list[str]:
         return [DEFAULT_WORKSPACE, *sorted(self.workspaces)]
+
+    @property
+    def send_queues(self) -> list[str]:
+        """Every send queue of the deployment, a lane per workspace and priority (docs/priorities.md).
+        The top-level settings' list: a workspace's own settings (for_workspace) name no others."""
+        return send_queues(self.workspaces)
 
     def for_workspace(self, name: str | None) -> Settings:
         """The settings of workspace ``name`` (None: the default): the top-level ones, with what the

@@ -47,8 +47,9 @@ def create_app(settings: Settings) -> Celery:
         ),
         broker_connection_retry_on_startup=True,
         # Each queue its own direct exchange and routing key, so a route by queue name always lands.
+        # Every workspace's send lanes (docs/priorities.md) are declared and consumed by every send worker.
         task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)  # type: ignore[no-untyped-call]
-                     for name in (SEND_QUEUE, OUTCOMES_QUEUE, MAINTENANCE_QUEUE)],
+                     for name in (*settings.send_queues, OUTCOMES_QUEUE, MAINTENANCE_QUEUE)],
         task_default_queue=SEND_QUEUE,
         task_routes={
             SEND_TASK: {"queue": SEND_QUEUE},

@@ -96,5 +96,6 @@ def enqueuer() -> CeleryEnqueuer:
     global _enqueuer
     _fresh_process()
     if _enqueuer is None:
-        _enqueuer = CeleryEnqueuer(send_context().settings.broker_url)
+        loaded = send_context().settings  # the top level's: it names every workspace's send queues
+        _enqueuer = CeleryEnqueuer(loaded.broker_url, queues=loaded.send_queues)
     return _enqueuer

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
 from dispatcher import tracing
 from dispatcher.api.client import quiet_http_logging
 from dispatcher.context import require_shared_limits
 from dispatcher.errors import EXIT_CONFIGURATION, ConfigurationError
+from dispatcher.queues import SEND_QUEUE
 from dispatcher.settings import load_settings
 from dispatcher.store.db import dispose_after_fork
 
@@ -26,6 +28,19 @@ def _refuse_limits_of_its_own(**_: object) -> None:
     except ConfigurationError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIGURATION) from None  # as the command line's (docs/operations.md)
+
+
+@celeryd_after_setup.connect
+def _consume_every_send_lane(instance: Any = None, **_: object) -> None:
+    # A worker that sends (it consumes dispatcher.send) consumes every send lane: the urgent
+    # queues and each workspace's (docs/priorities.md), whatever --queues named. A worker started
+    # with the list from before lanes existed must not leave urgent sends in a queue nobody reads.
+    queues = instance.app.amqp.queues
+    if SEND_QUEUE not in queues.consume_from:
+        return
+    for name in load_settings().send_queues:
+        if name not in queues.consume_from:
+            queues.select_add(name)
 
 
 @worker_process_init.connect

@@ -20,6 +20,7 @@ from dispatcher.intake.request import NotificationRequest, SendPayload
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.policy.quiet_hours import within_window
+from dispatcher.queues import Priority, send_queue
 from dispatcher.recipients import suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.platform import MARKETING
@@ -131,6 +132,11 @@ def category_of(request: NotificationRequest, settings: Settings) -> str:
     return settings.routes[request.route].category
 
 
+def priority_of(request: NotificationRequest, settings: Settings) -> Priority:
+    """The request's priority, else its route's (docs/priorities.md)."""
+    return request.priority or settings.routes[request.route].priority
+
+
 def scheduled_for(request: NotificationRequest, settings: Settings, *, now: datetime) -> datetime | None:
     """When the notification goes out (None: now). Its ``send_at``, or now, unless that falls
     outside its route's send window: then the window's next opening, in the recipient's time zone
@@ -174,6 +180,7 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
         channel=settings.routes[request.route].channel.value,
         category=category_of(request, settings),
         workspace=settings.workspace_name,
+        priority=priority_of(request, settings).value,
         created_at=now,
         updated_at=now,
         trace_parent=new_trace(request, settings),
@@ -216,7 +223,8 @@ def accept(
         return status(sessions, request.event_id)
     # Stored as enqueued already: on the usual path nothing more is written. Should this process
     # die before the publish, the row is published by the sweep once stale (stale_after_s).
-    if notification.state == NotificationState.QUEUED and not enqueuer.enqueue_send([notification.id]):
+    queue = send_queue(notification.workspace, Priority(notification.priority))
+    if notification.state == NotificationState.QUEUED and not enqueuer.enqueue_send([notification.id], queue=queue):
         with sessions.begin() as session:  # the broker refused: the next sweep publishes it
             store.forget_enqueued(session, [notification.id], marked_at=now)
         return status(sessions, request.event_id)  # that write changed updated_at

@@ -33,11 +33,13 @@ from dispatcher.intake.accept import (
     check_request,
     new_trace,
     payload_of,
+    priority_of,
     scheduled_for,
     workspace_settings,
 )
 from dispatcher.intake.request import NotificationRequest, parse_request
 from dispatcher.lifecycle import moves
+from dispatcher.queues import Priority, send_queue
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.settings import Settings
 from dispatcher.store import queries as store
@@ -179,9 +181,12 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], enqueu
                              for item in items])
     except IntegrityError:  # a twin stored one of these events meanwhile: each item decides alone
         return {item.index: _one(item, sessions, enqueuer, lambda: now) for item in items}
-    queued = [ids[row["event_id"]] for row in rows if row["enqueued_at"] is not None]
-    if queued:
-        published = set(enqueuer.enqueue_send(queued))
+    lanes: dict[str, list[int]] = {}  # each queued row to its workspace's and priority's queue
+    for row in rows:
+        if row["enqueued_at"] is not None:
+            lanes.setdefault(send_queue(row["workspace"], Priority(row["priority"])), []).append(ids[row["event_id"]])
+    for queue, queued in lanes.items():
+        published = set(enqueuer.enqueue_send(queued, queue=queue))
         if len(published) < len(queued):
             with sessions.begin() as session:  # the broker refused: the next sweep publishes them
                 store.forget_enqueued(session, [i for i in queued if i not in published], marked_at=now)
@@ -198,7 +203,7 @@ def _row(item: _Valid, now: datetime) -> dict[str, Any]:
         "event_id": request.event_id, "fingerprint": request.fingerprint(), "route": request.route,
         "fallback_route": item.fallback_route, "channel": settings.routes[request.route].channel.value,
         "category": category_of(request, settings), "send_at": send_at, "created_at": now, "updated_at": now,
-        "workspace": settings.workspace_name,
+        "workspace": settings.workspace_name, "priority": priority_of(request, settings).value,
         # queued rows are published right after the commit, as accept() does; scheduled ones wait for the sweep
         "enqueued_at": now if send_at is None else None,
         "trace_parent": new_trace(request, settings),

@@ -26,6 +26,7 @@ from pydantic import (
 
 from dispatcher.errors import InvalidEvent
 from dispatcher.policy.quiet_hours import ZoneName
+from dispatcher.queues import Priority
 from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
@@ -111,6 +112,8 @@ class NotificationRequest(BaseModel):
     workspace: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")] | None = None
     # what kind of notification this is, for opt-outs by category; the route's category when absent
     category: Name | None = None
+    # its lane (docs/priorities.md): "urgent" goes first, through queues of its own; absent: the route's
+    priority: Priority | None = None
     # the host's reference to the recipient's consent (web-session routes need one, or consent
     # recorded earlier); kept only as a keyed hash
     consent_ref: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200,
@@ -139,8 +142,9 @@ class NotificationRequest(BaseModel):
         dumped = self.model_dump(mode="json")
         if dumped["contact"]["time_zone"] is None:  # added later: absent, so that earlier requests keep their fingerprint
             del dumped["contact"]["time_zone"]
-        if dumped["workspace"] is None:  # the same
-            del dumped["workspace"]
+        for added_later in ("workspace", "priority"):  # the same
+            if dumped[added_later] is None:
+                del dumped[added_later]
         canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

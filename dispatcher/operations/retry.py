@@ -25,6 +25,7 @@ from dispatcher.intake.request import NotificationRequest
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.operations import set_aside
+from dispatcher.queues import Priority, send_queue
 from dispatcher.settings import Settings
 from dispatcher.store import queries as store
 from dispatcher.store.models import utcnow
@@ -73,7 +74,8 @@ def _retry_failed(sessions: sessionmaker[Session], settings: Settings, enqueuer:
             store.add_payload(session, notification.id, payload_of(request))
         store.mark_enqueued(session, [notification.id], now=now)
         notification_id = notification.id
-    if not enqueuer.enqueue_send([notification_id]):
+        queue = send_queue(notification.workspace, Priority(notification.priority))
+    if not enqueuer.enqueue_send([notification_id], queue=queue):
         with sessions.begin() as session:  # the broker refused: the next sweep publishes it
             store.forget_enqueued(session, [notification_id], marked_at=now)
     with sessions() as session:

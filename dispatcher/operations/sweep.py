@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import RelayEnqueuer
 from dispatcher.lifecycle import moves
+from dispatcher.queues import Priority, send_queue
 from dispatcher.store import queries as store
 from dispatcher.store.models import utcnow
 
@@ -75,14 +76,25 @@ def send_queue_empty(enqueuer: RelayEnqueuer) -> bool:
 def _relay_one_batch(sessions: sessionmaker[Session], enqueuer: RelayEnqueuer, *, stale_after_s: float,
                      now: datetime, queue_empty: bool) -> tuple[int, int]:
     with sessions.begin() as session:
-        ids = store.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH,
-                                    send_queue_empty=queue_empty)
+        rows = store.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH,
+                                     send_queue_empty=queue_empty)
+        ids = [row.id for row in rows]
         moves.release_due(session, ids, now=now)
         store.mark_enqueued(session, ids, now=now)  # taken: no other sweep publishes them meanwhile
     if not ids:
         return 0, 0
-    published = enqueuer.enqueue_send(ids)
+    published: list[int] = []
+    for queue, lane_ids in lanes_of(rows).items():  # urgent lanes first: the rows come so ordered
+        published += enqueuer.enqueue_send(lane_ids, queue=queue)
     if len(published) < len(ids):
         with sessions.begin() as session:
             store.forget_enqueued(session, set(ids) - set(published), marked_at=now)
     return len(ids), len(published)
+
+
+def lanes_of(rows: list[store.DueRow]) -> dict[str, list[int]]:
+    """The rows' IDs by the queue of their workspace and priority, in the rows' order."""
+    lanes: dict[str, list[int]] = {}
+    for row in rows:
+        lanes.setdefault(send_queue(row.workspace, Priority(row.priority)), []).append(row.id)
+    return lanes

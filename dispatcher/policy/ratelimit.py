@@ -16,6 +16,15 @@ that takes that bucket waits, the others go on. That is how a lane of calls back
 the rest (the status reads, :mod:`dispatcher.context`). Several buckets are taken all-or-nothing
 (:func:`acquire_all`): a refusal consumes nothing anywhere, so no grant is lost.
 
+Urgent first (docs/priorities.md): an acquire says whether it is ``urgent``. An urgent acquire
+refused by a shared bucket puts that bucket on *standby* until the slot frees (plus
+:data:`STANDBY_MARGIN_S`, the time the caller takes to come back): meanwhile every normal acquire
+that takes the bucket waits, so the freed slot goes to the urgent call, not to whichever normal
+call asks first. Urgent calls also take their own buckets (:func:`urgent_bucket`, a fraction of
+the shared ones' limits); an urgent acquire those refuse sets no standby. So normal calls are held
+back only while urgent ones have less than that fraction of the window: they keep the rest, and
+are never starved.
+
 Implementations: :class:`RedisLimiter` (across processes and hosts, atomic in Redis) and
 :class:`LocalLimiter` (one process, thread-safe, for the embedded setup without Redis: N worker
 processes then get N times the limit). Configure limits below the service's (say 2,700 and 90):
@@ -36,11 +45,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["WINDOW_S", "Limit", "Limiter", "LocalLimiter", "RedisLimiter", "acquire_all",
-           "route_bucket"]
+__all__ = ["STANDBY_MARGIN_S", "WINDOW_S", "Limit", "Limiter", "LocalLimiter", "RedisLimiter", "acquire_all",
+           "route_bucket", "urgent_bucket"]
 
 WINDOW_S = 60.0  # every Limit counts grants over the last 60 seconds
 _MIN_WAIT_S = 0.001  # a refusal always says "wait" with a positive number
+# How long a standby outlasts the wait it was set for: the refused urgent caller sleeps through a
+# short wait and comes back at once, or retries its task after a countdown (a broker round trip).
+STANDBY_MARGIN_S = 2.0
+URGENT_PREFIX = "urgent:"  # an urgent call's own buckets: urgent:account, urgent:search
 
 # Redis keys, all under the limiter's key_prefix. On Redis Cluster give a prefix with a hash tag
 # ("{dispatcher:rl}:") so one script's keys share a slot.
@@ -48,6 +61,7 @@ DEFAULT_KEY_PREFIX = "dispatcher:rl:"
 PAUSE_KEY = "pause"  # string: pause end, unix ms; expires when the pause ends
 BUCKET_PAUSE_KEY = "pause:{bucket}"  # string: the same, for one bucket's own pause
 BUCKET_KEY = "bucket:{bucket}"  # sorted set: one member per grant, score = grant time, unix ms
+STANDBY_KEY = "standby:{bucket}"  # string: an urgent call waits for this bucket; expires with the standby
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +83,9 @@ class Limiter(Protocol):
         """Take one slot: 0.0 if granted, else seconds to wait (nothing consumed)."""
         ...
 
-    def acquire_many(self, buckets: Sequence[str]) -> float:
-        """Take one slot in each bucket, all or nothing; same answer as :meth:`acquire`."""
+    def acquire_many(self, buckets: Sequence[str], *, urgent: bool = False) -> float:
+        """Take one slot in each bucket, all or nothing; same answer as :meth:`acquire`.
+        ``urgent``: an urgent call's acquire (the module's doc: standby)."""
         ...
 
     def pause(self, seconds: float, *, bucket: str | None = None) -> None:
@@ -86,6 +101,15 @@ class Limiter(Protocol):
 def route_bucket(route: str) -> str:
     """The bucket name of a route's own cap."""
     return f"route:{route}"
+
+
+def urgent_bucket(shared: str) -> str:
+    """The bucket urgent calls take beside ``shared``: their share of its limit."""
+    return f"{URGENT_PREFIX}{shared}"
+
+
+def _urgent_own(bucket: str) -> bool:
+    return bucket.startswith(URGENT_PREFIX)
 
 
 def acquire_all(limiter: Limiter, buckets: Iterable[str]) -> float:
@@ -118,28 +142,41 @@ class LocalLimiter:
         self._grants: dict[str, deque[float]] = {bucket: deque() for bucket in self._limits}
         self._paused_until = float("-inf")
         self._bucket_paused_until: dict[str, float] = {}
+        self._standby_until: dict[str, float] = {}
 
     def acquire(self, bucket: str) -> float:
         return self.acquire_many((bucket,))
 
-    def acquire_many(self, buckets: Sequence[str]) -> float:
+    def acquire_many(self, buckets: Sequence[str], *, urgent: bool = False) -> float:
         unique = tuple(dict.fromkeys(buckets))
         _check_buckets(self._limits, unique)
         with self._lock:
             now = self._clock()
             # The pauses first: the answer is the longest of the global one and the buckets' own.
-            wait_s = max([0.0, *(self._bucket_paused_until.get(bucket, now) - now for bucket in unique)])
+            paused_s = max([0.0, *(self._bucket_paused_until.get(bucket, now) - now for bucket in unique)])
             if self._paused_until > now:
-                return max(self._paused_until - now, wait_s)
-            if wait_s > 0:
-                wait_s = max(wait_s, _MIN_WAIT_S)
+                return max(self._paused_until - now, paused_s)
+            wait_s = max(paused_s, _MIN_WAIT_S) if paused_s > 0 else 0.0
+            if not urgent:  # a normal call stands back while an urgent one waits for its bucket
+                wait_s = max([wait_s, *(self._standby_until.get(bucket, now) - now for bucket in unique)])
+            full_shared: dict[str, float] = {}
+            own_full = False
             for bucket in unique:
                 grants = self._grants[bucket]
                 while grants and grants[0] <= now - WINDOW_S:
                     grants.popleft()
                 if len(grants) >= self._limits[bucket].per_minute:
-                    wait_s = max(wait_s, grants[0] + WINDOW_S - now, _MIN_WAIT_S)
+                    free_in_s = max(grants[0] + WINDOW_S - now, _MIN_WAIT_S)
+                    wait_s = max(wait_s, free_in_s)
+                    if _urgent_own(bucket):
+                        own_full = True
+                    else:
+                        full_shared[bucket] = free_in_s
             if wait_s > 0:
+                if urgent and not own_full and paused_s == 0:
+                    for bucket, free_in_s in full_shared.items():
+                        until = now + free_in_s + STANDBY_MARGIN_S
+                        self._standby_until[bucket] = max(self._standby_until.get(bucket, until), until)
                 return wait_s
             for bucket in unique:
                 self._grants[bucket].append(now)
@@ -163,32 +200,56 @@ class LocalLimiter:
             return max(0.0, until - self._clock())
 
 
-# KEYS[1] the global pause key, then per bucket its key and its own pause key (KEYS[2j], KEYS[2j+1]
-# for bucket j); ARGV: now_ms, window_ms, member, one limit per bucket (ARGV[3+j]).
-# Returns 0 (granted in every bucket) or the wait in ms (nothing taken anywhere).
+# KEYS[1] the global pause key, then per bucket j its key, its own pause key and its standby key
+# (KEYS[3j-1], KEYS[3j], KEYS[3j+1]); ARGV: now_ms, window_ms, member, urgent (1 or 0), the
+# standby's margin in ms, then per bucket its limit and whether it is an urgent call's own bucket
+# (ARGV[4+2j], ARGV[5+2j]). Returns 0 (granted in every bucket) or the wait in ms (nothing taken
+# anywhere; an urgent call refused by shared buckets alone puts them on standby).
 _ACQUIRE_LUA = """
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local buckets = (#KEYS - 1) / 2
-local wait = 0
+local urgent = ARGV[4] == '1'
+local margin = tonumber(ARGV[5])
+local buckets = (#KEYS - 1) / 3
+local paused = 0
 for j = 1, buckets do
-  local bucket_paused_until = tonumber(redis.call('GET', KEYS[2 * j + 1]) or '0')
-  if bucket_paused_until > now then wait = math.max(wait, bucket_paused_until - now) end
+  local bucket_paused_until = tonumber(redis.call('GET', KEYS[3 * j]) or '0')
+  if bucket_paused_until > now then paused = math.max(paused, bucket_paused_until - now) end
 end
 local paused_until = tonumber(redis.call('GET', KEYS[1]) or '0')
-if paused_until > now then return math.max(paused_until - now, wait) end
-for j = 1, buckets do
-  local key = KEYS[2 * j]
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[3 + j]) then
-    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    wait = math.max(wait, tonumber(oldest[2]) + window - now, 1)
+if paused_until > now then return math.max(paused_until - now, paused) end
+local wait = paused
+if not urgent then
+  for j = 1, buckets do
+    local standby = redis.call('PTTL', KEYS[3 * j + 1])
+    if standby > 0 then wait = math.max(wait, standby) end
   end
 end
-if wait > 0 then return wait end
+local own_full = false
+local full_shared = {}
 for j = 1, buckets do
-  redis.call('ZADD', KEYS[2 * j], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[2 * j], window)
+  local key = KEYS[3 * j - 1]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  if redis.call('ZCARD', key) >= tonumber(ARGV[4 + 2 * j]) then
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local free_in = math.max(tonumber(oldest[2]) + window - now, 1)
+    wait = math.max(wait, free_in)
+    if ARGV[5 + 2 * j] == '1' then own_full = true else full_shared[#full_shared + 1] = {j, free_in} end
+  end
+end
+if wait > 0 then
+  if urgent and not own_full and paused == 0 then
+    for _, full in ipairs(full_shared) do
+      local standby_key = KEYS[3 * full[1] + 1]
+      local ttl = math.floor(full[2] + margin)
+      if redis.call('PTTL', standby_key) < ttl then redis.call('SET', standby_key, '1', 'PX', ttl) end
+    end
+  end
+  return wait
+end
+for j = 1, buckets do
+  redis.call('ZADD', KEYS[3 * j - 1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[3 * j - 1], window)
 end
 return 0
 """
@@ -236,14 +297,20 @@ class RedisLimiter:
     def acquire(self, bucket: str) -> float:
         return self.acquire_many((bucket,))
 
-    def acquire_many(self, buckets: Sequence[str]) -> float:
+    def standby_key(self, bucket: str) -> str:
+        """The Redis key of a bucket's standby (an urgent call waits for it)."""
+        return self._prefix + STANDBY_KEY.format(bucket=bucket)
+
+    def acquire_many(self, buckets: Sequence[str], *, urgent: bool = False) -> float:
         unique = tuple(dict.fromkeys(buckets))
         _check_buckets(self._limits, unique)
         keys = [self.pause_key()]
         for bucket in unique:
-            keys += [self.key(bucket), self.pause_key(bucket)]
-        args: list[int | str] = [_now_ms(self._clock), int(WINDOW_S * 1000), secrets.token_hex(8)]
-        args += [self._limits[bucket].per_minute for bucket in unique]
+            keys += [self.key(bucket), self.pause_key(bucket), self.standby_key(bucket)]
+        args: list[int | str] = [_now_ms(self._clock), int(WINDOW_S * 1000), secrets.token_hex(8),
+                                 1 if urgent else 0, int(STANDBY_MARGIN_S * 1000)]
+        for bucket in unique:
+            args += [self._limits[bucket].per_minute, 1 if _urgent_own(bucket) else 0]
         wait_ms = int(self._acquire(keys=keys, args=args))
         return max(wait_ms / 1000.0, _MIN_WAIT_S) if wait_ms > 0 else 0.0
 

@@ -45,6 +45,7 @@ from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
+from dispatcher.queues import Priority
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.recipients.suppressions import Blocked, blocking_reason, refusal_clause
@@ -115,6 +116,7 @@ class _Job:
     in_flight_since: Any
     claims: int  # the attempt's claims as this run knows them (read, then its own claim): moves it makes check them
     category: str = "service"  # what the recipient may have opted out of, besides the channel
+    urgent: bool = False  # its calls come first to the rate limits (docs/priorities.md)
     no_resend: bool = False  # an earlier try may have been accepted: look, but never send again
     re_resolved: bool = False  # a 404 already made this attempt forget its contact once
     created_at: datetime | None = None  # when the notification was stored, for the latency metric
@@ -181,6 +183,8 @@ def _run(notification_id: int, ctx: SendContext) -> SendResult:
     if isinstance(job_or_result, SendResult):
         return job_or_result
     job = job_or_result
+    if job.urgent:  # this run's calls take urgent's share and go first (dispatcher.context.call_api)
+        ctx = replace(ctx, urgent=True)
     result = _run_job(job, gate, ctx)
     if result.outcome in (Outcome.RETRY, Outcome.SKIPPED):
         _end_run(job, ctx)
@@ -379,6 +383,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult | _OwedDe
             created_at=notification.created_at,
             send_at=notification.send_at,
             category=notification.category,
+            urgent=notification.priority == Priority.URGENT,
         )
         if payload is None:
             pass  # failed below, outside this transaction

@@ -113,6 +113,8 @@ class Notification(Base):
     category: Mapped[str] = mapped_column(String(64), default="service", server_default="service")
     # the workspace it is sent through (docs/workspaces.md); "default": the top-level settings'
     workspace: Mapped[str] = mapped_column(String(64), default="default", server_default="default", index=True)
+    # its lane, "urgent" or "normal" (docs/priorities.md): the request's, else its route's
+    priority: Mapped[str] = mapped_column(String(8), default="normal", server_default="normal")
     # its trace's W3C traceparent (dispatcher.tracing), while tracing is on: random IDs, no content
     trace_parent: Mapped[str | None] = mapped_column(String(64))
 

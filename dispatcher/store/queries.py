@@ -63,6 +63,7 @@ _LOAD_FOR_SEND = (
         NOTIFICATIONS.c.created_at,
         NOTIFICATIONS.c.send_at,
         NOTIFICATIONS.c.category,
+        NOTIFICATIONS.c.priority,
         _CURRENT.c.route.label("attempt_route"),  # None until the first attempt's row exists
         _CURRENT.c.purpose.label("attempt_purpose"),
         _CURRENT.c.state.label("attempt_state"),
@@ -206,9 +207,18 @@ def forget_enqueued(session: Session, notification_ids: Iterable[int], *, marked
                         .values(enqueued_at=None))
 
 
+@dataclass(frozen=True, slots=True)
+class DueRow:
+    """A row the sweep hands to its lane's queue (dispatcher.queues.send_queue)."""
+
+    id: int
+    workspace: str
+    priority: str
+
+
 def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int,
-                    send_queue_empty: bool) -> list[int]:
-    """Rows a sweep should hand (again) to the queue.
+                    send_queue_empty: bool) -> list[DueRow]:
+    """Rows a sweep should hand (again) to the queue, urgent ones first (docs/priorities.md).
 
     New rows never enqueued (an outbox row, or an enqueue that failed), scheduled rows now due,
     rows whose long retry wait is over, and rows whose task was lost:
@@ -233,7 +243,7 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
     """
     lost = Notification.task_started.is_(True) if not send_queue_empty else true()
     query = (
-        select(Notification.id)
+        select(Notification.id, Notification.workspace, Notification.priority)
         .where(
             or_(
                 (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
@@ -247,11 +257,12 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
                 ),
             )
         )
-        .order_by(Notification.id)
+        # "urgent" sorts after "normal": descending takes the urgent lane's rows first
+        .order_by(Notification.priority.desc(), Notification.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return list(session.scalars(query))
+    return [DueRow(row.id, row.workspace, row.priority) for row in session.execute(query)]
 
 
 def defer(session: Session, notification_id: int, *, at: datetime) -> None:

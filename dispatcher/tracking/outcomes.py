@@ -37,6 +37,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.policy.channels import reports_read
 from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
 from dispatcher.policy.readback import UNCONFIRMED_STATES, next_read_at
+from dispatcher.queues import Priority, send_queue
 from dispatcher.recipients import keywords, platform, suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.settings import Route
@@ -455,6 +456,7 @@ def decide_after_external_failure(
         if notification is None:
             return "ignored"
         number, route_name = notification.current_attempt, notification.route
+        queue = send_queue(notification.workspace, Priority(notification.priority))
     has_template = body is not None and _carries_template(body)
     verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
     route = ctx.settings.routes.get(route_name)
@@ -468,7 +470,7 @@ def decide_after_external_failure(
         if resent:
             log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
             if enqueuer is not None:
-                _publish_marked(notification_id, now, ctx, enqueuer)
+                _publish_marked(notification_id, now, ctx, enqueuer, queue)
             return "resend_as_template"
     reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
     return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
@@ -558,6 +560,7 @@ def decide_fallback(
         )
         if not moves.decide_fallback(session, notification_id=notification_id, decision=decision, now=now):
             return "already_decided"
+        queue = send_queue(notification.workspace, Priority(notification.priority))  # the fallback keeps its lane
         if not fall_back:
             store.drop_payload(session, notification_id)
         elif enqueuer is not None:
@@ -566,16 +569,16 @@ def decide_fallback(
     log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, reason)
     metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
     if fall_back and enqueuer is not None:
-        _publish_marked(notification_id, now, ctx, enqueuer)
+        _publish_marked(notification_id, now, ctx, enqueuer, queue)
     return "fallback" if fall_back else "no_fallback"
 
 
-def _publish_marked(notification_id: int, marked_at: datetime, ctx: SendContext, enqueuer: Enqueuer) -> None:
+def _publish_marked(notification_id: int, marked_at: datetime, ctx: SendContext, enqueuer: Enqueuer, queue: str) -> None:
     """Publish the send task of a row the deciding transaction marked as enqueued. Marked before,
     not after: a mark written after the publish could land after the task ran and undo its wait
     (``next_try_at``), and the sweep could publish the row a second time in between. A publish
     the broker refuses gives the row to the next sweep."""
-    if not enqueuer.enqueue_send([notification_id]):
+    if not enqueuer.enqueue_send([notification_id], queue=queue):
         with ctx.sessions.begin() as session:
             store.forget_enqueued(session, [notification_id], marked_at=marked_at)
 

@@ -42,6 +42,7 @@ import redis as redis_client  # noqa: E402
 from dispatcher.enqueue import CeleryEnqueuer  # noqa: E402
 from dispatcher.intake import outbox  # noqa: E402
 from dispatcher.operations.sweep import BATCH, sweep  # noqa: E402
+from dispatcher.queues import SEND_QUEUE  # noqa: E402
 from dispatcher.settings import Settings  # noqa: E402
 from dispatcher.store.db import session_factory, shared_engine  # noqa: E402
 from dispatcher.store.migrate import upgrade_database  # noqa: E402
@@ -54,8 +55,8 @@ class Counting(CeleryEnqueuer):
         super().__init__(broker_url)
         self.ids: list[int] = []
 
-    def enqueue_send(self, notification_ids):  # type: ignore[no-untyped-def]
-        published = super().enqueue_send(notification_ids)
+    def enqueue_send(self, notification_ids, *, queue=SEND_QUEUE):  # type: ignore[no-untyped-def]
+        published = super().enqueue_send(notification_ids, queue=queue)
         self.ids.extend(published)
         return published
 

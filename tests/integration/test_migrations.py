@@ -40,7 +40,7 @@ def test_postgres_schema_matches_the_models(fresh_postgres_url: str) -> None:
     try:
         with engine.connect() as connection:
             version = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-        assert version == "0020"
+        assert version == "0021"
     finally:
         engine.dispose()
 
@@ -110,7 +110,7 @@ def test_0017_is_undone_on_one_instance_and_refused_with_two(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
-def test_0020_reads_existing_rows_as_not_started_and_keeps_their_attempts(store: str, tmp_path: Path,
+def test_0020_and_0021_read_existing_rows_as_not_started_and_normal_and_keep_their_attempts(store: str, tmp_path: Path,
                                                                           request: pytest.FixtureRequest) -> None:
     # (a rebuilt notifications table would lose them on SQLite: dropping it cascades to attempts)
     url = f"sqlite:///{tmp_path}/before.sqlite" if store == "sqlite" else request.getfixturevalue("fresh_postgres_url")
@@ -123,6 +123,8 @@ def test_0020_reads_existing_rows_as_not_started_and_keeps_their_attempts(store:
             started = connection.execute(sa.select(sa.column("task_started", sa.Boolean()))
                                          .select_from(sa.table("notifications"))).scalar_one()
             assert started is False
+            # 0021: every notification from before is normal (issue 45), and nothing was rebuilt
+            assert connection.execute(sa.text("SELECT priority FROM notifications")).scalar_one() == "normal"
             assert connection.execute(sa.text("SELECT count(*) FROM attempts")).scalar_one() == 1
     finally:
         engine.dispose()

@@ -621,7 +621,7 @@ class World:
     def enqueuer(self) -> World:
         return self
 
-    def enqueue_send(self, notification_ids: Any) -> list[int]:
+    def enqueue_send(self, notification_ids: Any, *, queue: str = "") -> list[int]:  # one queue in the world
         ids = list(notification_ids)
         self._marked_before_publish(ids)
         if self.publish_refusals_left and ids and self.choices.chance(PUBLISH_REFUSAL_RATE, 2):

@@ -290,7 +290,7 @@ def _print_table(samples: list[Sample], records: dict[str, NotificationRecord], 
 
 
 class _NoEnqueue:
-    def enqueue_send(self, notification_ids: Any) -> list[int]:
+    def enqueue_send(self, notification_ids: Any, *, queue: str = "") -> list[int]:
         return []
 
 

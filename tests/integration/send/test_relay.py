@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import outbox
 from dispatcher.operations.sweep import BATCH, sweep
+from dispatcher.queues import SEND_QUEUE
 from dispatcher.store.db import session_factory, shared_engine
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
@@ -37,9 +38,9 @@ def sessions(fresh_postgres_url: str, clean_environment: pytest.MonkeyPatch) -> 
 class SlowBroker(ListEnqueuer):
     """Takes a while per batch, so that two sweeps' batches interleave."""
 
-    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+    def enqueue_send(self, notification_ids: Iterable[int], *, queue: str = SEND_QUEUE) -> list[int]:
         time.sleep(0.05)
-        return super().enqueue_send(notification_ids)
+        return super().enqueue_send(notification_ids, queue=queue)
 
 
 def test_one_sweep_relays_every_batch(sessions: sessionmaker[Session]) -> None:
@@ -70,9 +71,9 @@ def test_sweeps_running_at_once_publish_disjoint_batches(sessions: sessionmaker[
 
 def test_a_publish_that_fails_gives_its_rows_to_the_next_sweep(sessions: sessionmaker[Session]) -> None:
     class HalfBroker(ListEnqueuer):
-        def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+        def enqueue_send(self, notification_ids: Iterable[int], *, queue: str = SEND_QUEUE) -> list[int]:
             ids = list(notification_ids)
-            return super().enqueue_send(ids[: len(ids) // 2])  # the broker went away halfway
+            return super().enqueue_send(ids[: len(ids) // 2], queue=queue)  # the broker went away halfway
 
     half = HalfBroker()
     assert sweep(sessions=sessions, enqueuer=half, stale_after_s=300) == BATCH // 2  # stops at the failure

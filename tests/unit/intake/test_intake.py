@@ -42,7 +42,7 @@ def dispatcher(tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest
 class DownBroker:
     """A broker that refuses every publish."""
 
-    def enqueue_send(self, ids: Any) -> list[int]:
+    def enqueue_send(self, ids: Any, *, queue: str = "") -> list[int]:
         return []
 
 

@@ -20,6 +20,7 @@ from dispatcher.intake import accept as intake
 from dispatcher.intake import outbox
 from dispatcher.intake.request import parse_request
 from dispatcher.operations.sweep import sweep
+from dispatcher.queues import SEND_QUEUE
 from dispatcher.sending import send
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
@@ -42,8 +43,8 @@ class Queue(ListEnqueuer):
         self.waiting: list[int] = []
         self.depth_reads = 0
 
-    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
-        published = super().enqueue_send(notification_ids)
+    def enqueue_send(self, notification_ids: Iterable[int], *, queue: str = SEND_QUEUE) -> list[int]:
+        published = super().enqueue_send(notification_ids, queue=queue)
         self.waiting += published
         return published
 
@@ -63,7 +64,7 @@ class Died(BaseException):
 
 
 class DiesBeforePublishing(ListEnqueuer):
-    def enqueue_send(self, notification_ids: Iterable[int]) -> list[int]:
+    def enqueue_send(self, notification_ids: Iterable[int], *, queue: str = SEND_QUEUE) -> list[int]:
         raise Died()
 
 
