@@ -224,6 +224,15 @@ def pause_after_429(limiter: Limiter, pause_s: float) -> None:
     limiter.pause(READS_PAUSE_FACTOR * pause_s, bucket=READS_BUCKET)
 
 
+def buckets_of_call(buckets: tuple[str, ...], *, urgent: bool) -> tuple[str, ...]:
+    """What one API call takes: ``account``, the given buckets, and for an urgent call its share's
+    bucket beside each shared one (docs/priorities.md)."""
+    taken = (ACCOUNT_BUCKET, *buckets)
+    if urgent:
+        taken += tuple(urgent_bucket(bucket) for bucket in taken if bucket in URGENT_SHARED_BUCKETS)
+    return taken
+
+
 def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
     """Take the shared rate-limit slots for one API call, then make it.
 
@@ -234,10 +243,8 @@ def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
     the error goes on to the caller as before. Tracking turns a failed read into "unreadable" or a
     spent try and has no retry decision to pause with; the send path pauses from its own decision
     (``Decision.pause_s``, which grows with the tries)."""
-    taken = (ACCOUNT_BUCKET, *buckets)
     urgent = ctx.urgent
-    if urgent:
-        taken += tuple(urgent_bucket(bucket) for bucket in taken if bucket in URGENT_SHARED_BUCKETS)
+    taken = buckets_of_call(buckets, urgent=urgent)
     wait_s = ctx.limiter.acquire_many(taken, urgent=urgent)
     if wait_s > 0:
         if wait_s > ctx.max_inline_wait_s:

@@ -15,9 +15,17 @@ import pytest
 import redis
 
 from dispatcher.context import READS_BUCKET, limits_of, pause_after_429
-from dispatcher.policy.ratelimit import WINDOW_S, Limit, RedisLimiter, acquire_all, route_bucket
+from dispatcher.policy.ratelimit import (
+    STANDBY_LINGER_S,
+    STANDBY_MARGIN_S,
+    WINDOW_S,
+    Limit,
+    RedisLimiter,
+    acquire_all,
+    route_bucket,
+)
 from tests.conftest import REPO_ROOT
-from tests.support import reads_share
+from tests.support import reads_share, urgent_share
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +299,25 @@ def test_the_benchmarks_count_of_grants_by_bucket(client: redis.Redis, redis_url
     # then it counted each grant once, by bucket, and the reads' share of them
     assert grants.summary() == {"by_bucket": {"account": 10, "reads": 3}, "reads_share": 0.3,
                                 "most_reads_in_a_minute": 3, "most_grants_in_a_minute": 10}
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_an_urgent_call_takes_the_first_slot_that_frees_before_any_normal_one(client: redis.Redis, prefix: str) -> None:
+    # the scenario of tests/unit/policy/test_urgent_share.py, on Redis
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=60)
+    urgent_at, normal_after = urgent_share.first_urgent_then_normal(limiter, clock)
+    assert urgent_at == pytest.approx(0.05)
+    assert min(normal_after) == pytest.approx(urgent_at + STANDBY_LINGER_S)
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_urgent_calls_take_their_share_and_normal_ones_keep_the_rest(client: redis.Redis, prefix: str) -> None:
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
+    grants = urgent_share.ask(limiter, clock, seconds=3 * WINDOW_S, step_s=0.04, urgent_from=WINDOW_S)
+    assert grants.in_span(grants.normal, 0.0) == 600
+    for start in (WINDOW_S, 2 * WINDOW_S):
+        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (480, 120)
+    # and a standby is one key under the prefix, gone on its own
+    assert 0 < client.pttl(limiter.standby_key("account")) <= (STANDBY_MARGIN_S + 61) * 1000

@@ -1,0 +1,75 @@
+"""Urgent first, normal never starved (docs/priorities.md), on the LocalLimiter with an injected
+clock; tests/integration/policy/test_redis_limiter.py runs the same scenarios on the RedisLimiter."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.context import limits_of
+from dispatcher.policy.ratelimit import STANDBY_LINGER_S, WINDOW_S, LocalLimiter
+from tests.support import reads_share, urgent_share
+from tests.support.reads_share import FakeClock
+
+pytestmark = pytest.mark.usefixtures("clean_environment")
+
+
+def _limiter(**overrides: object) -> tuple[LocalLimiter, FakeClock]:
+    clock = FakeClock(1000.0)
+    return LocalLimiter(limits_of(reads_share.settings(**overrides)), clock=clock), clock
+
+
+def test_an_urgent_call_takes_the_first_slot_that_frees_before_any_normal_one() -> None:
+    # given 60 calls a minute, kept busy by normal calls every 50 ms
+    limiter, clock = _limiter(api_requests_per_minute=60)
+    # when an urgent call asks, and keeps asking with the normal ones (half the time after them)
+    urgent_at, normal_after = urgent_share.first_urgent_then_normal(limiter, clock)
+    # then it has the first slot that frees (50 ms later), although a normal call asked first there
+    assert urgent_at == pytest.approx(0.05)
+    # and the normal calls go on right after it, once the standby's linger is over
+    assert min(normal_after) == pytest.approx(urgent_at + STANDBY_LINGER_S)
+    assert len(normal_after) == 59
+
+
+def test_urgent_calls_asking_all_the_time_take_their_share_and_normal_ones_keep_the_rest() -> None:
+    # given 600 calls a minute (urgent's share 0.8: 480), and both lanes asking every 40 ms for four minutes
+    limiter, clock = _limiter(api_requests_per_minute=600)
+    grants = urgent_share.ask(limiter, clock, seconds=4 * WINDOW_S, step_s=0.04)
+    # then each minute urgent calls had their 480 and normal ones the other 120: never starved
+    for start in (0.0, WINDOW_S, 2 * WINDOW_S, 3 * WINDOW_S):
+        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (480, 120)
+
+
+def test_urgent_calls_arriving_behind_a_full_budget_are_served_first_up_to_their_share() -> None:
+    # given normal calls alone for a minute, using the whole budget
+    limiter, clock = _limiter(api_requests_per_minute=600)
+    grants = urgent_share.ask(limiter, clock, seconds=3 * WINDOW_S, step_s=0.04, urgent_from=WINDOW_S)
+    assert grants.in_span(grants.normal, 0.0) == 600
+    # then once urgent calls ask too, they get 480 a minute and normal calls 120
+    for start in (WINDOW_S, 2 * WINDOW_S):
+        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (480, 120)
+
+
+def test_normal_calls_alone_use_the_whole_budget_and_urgent_ones_alone_their_share() -> None:
+    limiter, clock = _limiter(api_requests_per_minute=600)
+    assert len(urgent_share.ask(limiter, clock, seconds=WINDOW_S, step_s=0.04, urgent_from=WINDOW_S).normal) == 600
+    limiter, clock = _limiter(api_requests_per_minute=600)
+    assert len(urgent_share.ask(limiter, clock, seconds=WINDOW_S, step_s=0.04, normal=False).urgent) == 480
+
+
+def test_contact_searches_have_the_same_rule() -> None:
+    # given 90 searches a minute (urgent's share: 72), both lanes searching every 40 ms
+    limiter, clock = _limiter(contact_searches_per_minute=90)
+    grants = urgent_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04, search=True)
+    for start in (0.0, WINDOW_S):
+        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (72, 18)
+
+
+def test_a_normal_call_waits_only_for_the_bucket_an_urgent_one_waits_for() -> None:
+    # given the search budget full and an urgent search waiting for it
+    limiter, clock = _limiter(contact_searches_per_minute=2)
+    for _ in range(2):
+        assert limiter.acquire_many(("account", "search")) == 0.0
+    assert limiter.acquire_many(("account", "search", "urgent:account", "urgent:search"), urgent=True) > 0
+    # then a normal search waits, but a normal send to a known contact (account alone) goes on
+    assert limiter.acquire_many(("account", "search")) > 0
+    assert limiter.acquire_many(("account",)) == 0.0
