@@ -60,6 +60,7 @@ from dispatcher.errors import (
 from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.intake.backlog import BacklogGate
 from dispatcher.intake.batch import BatchItem
+from dispatcher.intake.openapi import OPENAPI_PATH, intake_document
 from dispatcher.intake.request import ContactDetails, NotificationRequest, TemplateChoice
 from dispatcher.recipients.controls import Recipients
 from dispatcher.service import Dispatcher
@@ -326,7 +327,12 @@ def create_intake_routes(
         log.info("recipients %s: done (200)", action)
         return JSONResponse(answer, headers=_NO_STORE)
 
+    async def openapi(request: Request) -> Response:
+        """``GET /v1/openapi.json``: the intake's OpenAPI document (no token: it holds no data)."""
+        return JSONResponse(intake_document())
+
     return [
+        Route(OPENAPI_PATH, openapi, methods=["GET"], name="intake_openapi"),
         Route(RECIPIENTS_PATH + "/{action}", recipients, methods=_ANY_METHOD, name="intake_recipients"),
         Route(NOTIFICATIONS_PATH, notifications, methods=_ANY_METHOD, name="intake_notify"),
         Route(BATCHES_PATH, batches, methods=_ANY_METHOD, name="intake_batches"),

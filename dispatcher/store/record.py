@@ -35,6 +35,7 @@ class NotificationRecord(BaseModel):
     state: str
     route: str
     fallback_route: str | None
+    priority: str  # urgent or normal: its lane (docs/priorities.md)
     channel: str | None
     inbox_id: int | None
     message_id: int | None
@@ -57,6 +58,7 @@ class NotificationRecord(BaseModel):
             state=notification.state,
             route=notification.route,
             fallback_route=notification.fallback_route,
+            priority=notification.priority,
             channel=notification.channel,
             inbox_id=notification.inbox_id,
             message_id=notification.message_id,

@@ -30,19 +30,37 @@ def _dispatcher(*, stored: bool = True) -> Dispatcher:
 
 @click.command("notify")
 @click.option("--file", "-f", "source", type=click.File("rb"), required=True, help="A JSON request, or - for stdin.")
-def notify_command(source: IO[bytes]) -> None:
+@click.option("--priority", type=click.Choice(["urgent", "normal"]), default=None,
+              help="Its lane, in place of the request's own (absent: the request's, else its route's).")
+def notify_command(source: IO[bytes], priority: str | None) -> None:
     """Hand over one notification request (JSON); print its event_id and state as JSON.
 
     The same event handed over again prints the stored notification; a different request
     under the same event_id is refused. A bad request names the field and stores nothing.
+    An urgent one goes first (docs/priorities.md).
 
     \b
     Examples:
       dispatcher notify --file reminder.json
+      dispatcher notify --file code.json --priority urgent
       echo '{"event_id": "appt-42", ...}' | dispatcher notify --file -
     """
-    record = _dispatcher(stored=False).notify(source.read())  # the first hand-over makes the embedded store
+    body = source.read()
+    if priority is not None:
+        body = _with_priority(body, priority)
+    record = _dispatcher(stored=False).notify(body)  # the first hand-over makes the embedded store
     click.echo(json.dumps({"event_id": record.event_id, "state": record.state}))
+
+
+def _with_priority(body: bytes, priority: str) -> bytes:
+    """The request with its ``priority`` set; a body that is no JSON object is left for intake to refuse."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(request, dict):
+        return body
+    return json.dumps({**request, "priority": priority}).encode()
 
 
 @click.command("status")
