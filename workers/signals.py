@@ -39,8 +39,8 @@ def _consume_every_send_lane(instance: Any = None, **_: object) -> None:
     if SEND_QUEUE not in queues.consume_from:
         return
     for name in load_settings().send_queues:
-        if name not in queues.consume_from:
-            queues.select_add(name)
+        if name not in queues.consume_from:  # the Queue task_queues declares: its own exchange
+            queues.select_add(queues[name])
 
 
 @worker_process_init.connect

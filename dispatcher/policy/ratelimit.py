@@ -21,8 +21,10 @@ refused by a shared bucket puts that bucket on *standby* until the slot frees (p
 :data:`STANDBY_MARGIN_S`, the time the caller takes to come back): meanwhile every normal acquire
 that takes the bucket waits, so the freed slot goes to the urgent call, not to whichever normal
 call asks first. Urgent calls also take their own buckets (:func:`urgent_bucket`, a fraction of
-the shared ones' limits); an urgent acquire those refuse sets no standby, and after an urgent
-grant the standby lingers only :data:`STANDBY_LINGER_S`, for the next urgent call of a burst. So normal calls are held
+the shared ones' limits); an urgent acquire those refuse sets no standby. A standby is set only
+while the budget is spent (an urgent call was refused), so it never holds normal calls back while
+the budget has room; and as the window slides, the slots normal calls leave during a standby are
+theirs after it: it delays them, it does not take their share of the minute. So normal calls are held
 back only while urgent ones have less than that fraction of the window: they keep the rest, and
 are never starved.
 
@@ -54,9 +56,6 @@ _MIN_WAIT_S = 0.001  # a refusal always says "wait" with a positive number
 # How long a standby outlasts the wait it was set for: the refused urgent caller sleeps through a
 # short wait and comes back at once, or retries its task after a countdown (a broker round trip).
 STANDBY_MARGIN_S = 2.0
-# After an urgent grant the standby lingers this long, then ends (not the margin: one urgent call
-# served must not hold normal ones back): the next urgent call of a burst asks within it.
-STANDBY_LINGER_S = 0.25
 URGENT_PREFIX = "urgent:"  # an urgent call's own buckets: urgent:account, urgent:search
 
 # Redis keys, all under the limiter's key_prefix. On Redis Cluster give a prefix with a hash tag
@@ -184,8 +183,6 @@ class LocalLimiter:
                 return wait_s
             for bucket in unique:
                 self._grants[bucket].append(now)
-                if urgent:  # the slot it waited for is taken: the standby lingers only for the next urgent call
-                    self._standby_until[bucket] = now + STANDBY_LINGER_S
             return 0.0
 
     def pause(self, seconds: float, *, bucket: str | None = None) -> None:
@@ -208,15 +205,14 @@ class LocalLimiter:
 
 # KEYS[1] the global pause key, then per bucket j its key, its own pause key and its standby key
 # (KEYS[3j-1], KEYS[3j], KEYS[3j+1]); ARGV: now_ms, window_ms, member, urgent (1 or 0), the
-# standby's margin and linger in ms, then per bucket its limit and whether it is an urgent call's
-# own bucket (ARGV[5+2j], ARGV[6+2j]). Returns 0 (granted in every bucket) or the wait in ms (nothing taken
+# standby's margin in ms, then per bucket its limit and whether it is an urgent call's own bucket
+# (ARGV[4+2j], ARGV[5+2j]). Returns 0 (granted in every bucket) or the wait in ms (nothing taken
 # anywhere; an urgent call refused by shared buckets alone puts them on standby).
 _ACQUIRE_LUA = """
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local urgent = ARGV[4] == '1'
 local margin = tonumber(ARGV[5])
-local linger = tonumber(ARGV[6])
 local buckets = (#KEYS - 1) / 3
 local paused = 0
 for j = 1, buckets do
@@ -237,11 +233,11 @@ local full_shared = {}
 for j = 1, buckets do
   local key = KEYS[3 * j - 1]
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[5 + 2 * j]) then
+  if redis.call('ZCARD', key) >= tonumber(ARGV[4 + 2 * j]) then
     local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     local free_in = math.max(tonumber(oldest[2]) + window - now, 1)
     wait = math.max(wait, free_in)
-    if ARGV[6 + 2 * j] == '1' then own_full = true else full_shared[#full_shared + 1] = {j, free_in} end
+    if ARGV[5 + 2 * j] == '1' then own_full = true else full_shared[#full_shared + 1] = {j, free_in} end
   end
 end
 if wait > 0 then
@@ -259,7 +255,6 @@ end
 for j = 1, buckets do
   redis.call('ZADD', KEYS[3 * j - 1], now, ARGV[3])
   redis.call('PEXPIRE', KEYS[3 * j - 1], window)
-  if urgent then redis.call('SET', KEYS[3 * j + 1], now + linger, 'PX', linger + 1000) end
 end
 return 0
 """
@@ -318,7 +313,7 @@ class RedisLimiter:
         for bucket in unique:
             keys += [self.key(bucket), self.pause_key(bucket), self.standby_key(bucket)]
         args: list[int | str] = [_now_ms(self._clock), int(WINDOW_S * 1000), secrets.token_hex(8),
-                                 1 if urgent else 0, int(STANDBY_MARGIN_S * 1000), int(STANDBY_LINGER_S * 1000)]
+                                 1 if urgent else 0, int(STANDBY_MARGIN_S * 1000)]
         for bucket in unique:
             args += [self._limits[bucket].per_minute, 1 if _urgent_own(bucket) else 0]
         wait_ms = int(self._acquire(keys=keys, args=args))

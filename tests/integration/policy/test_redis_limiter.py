@@ -16,7 +16,6 @@ import redis
 
 from dispatcher.context import READS_BUCKET, limits_of, pause_after_429
 from dispatcher.policy.ratelimit import (
-    STANDBY_LINGER_S,
     STANDBY_MARGIN_S,
     WINDOW_S,
     Limit,
@@ -308,7 +307,7 @@ def test_an_urgent_call_takes_the_first_slot_that_frees_before_any_normal_one(cl
     limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=60)
     urgent_at, normal_after = urgent_share.first_urgent_then_normal(limiter, clock)
     assert urgent_at == pytest.approx(0.05)
-    assert min(normal_after) == pytest.approx(urgent_at + STANDBY_LINGER_S)
+    assert min(normal_after) == pytest.approx(urgent_at + STANDBY_MARGIN_S)
 
 
 @pytest.mark.usefixtures("clean_environment")
