@@ -173,7 +173,8 @@ def make_limiter(settings: Settings) -> Limiter:
 def make_breaker(settings: Settings, *, timeout_s: float | None = None) -> Breaker:
     """Shared through Redis when there is one (as the limiter); per process in the embedded setup.
     ``timeout_s``: how long a call to Redis may take (None: redis-py's default, no limit)."""
-    plan = BreakerPlan(base_s=settings.breaker_base_s, cap_s=max(settings.breaker_cap_s, settings.breaker_base_s))
+    plan = BreakerPlan(base_s=settings.breaker_base_s, cap_s=max(settings.breaker_cap_s, settings.breaker_base_s),
+                       trip_after_server_errors=settings.breaker_after_server_errors)
     redis_url = settings.limiter_redis_url
     if redis_url is None:
         return LocalBreaker(plan)

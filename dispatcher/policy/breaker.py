@@ -8,6 +8,13 @@ when the while is over exactly one worker *probes* with a real call. A success c
 and everyone carries on; a failure trips it again, for longer (exponential backoff with jitter,
 capped). Nothing is lost: a notification fails with that reason only at its send deadline.
 
+A workspace that answers but is down (issue 45: 5xx to every call) trips it too, once it has
+answered ``plan.trip_after_server_errors`` calls in a row with a 5xx, every worker's calls counted
+together (:meth:`Breaker.server_error`), with ``error_kind`` ``unavailable``. One 5xx among answers
+is the retry policy's, not a reason to stop every worker: any other answer ends the streak
+(:meth:`Breaker.answered`, which costs nothing while there is no streak). While it is open, its
+notifications wait without holding a worker: a run checks the breaker before anything else.
+
 Two implementations, like the rate limiter: :class:`RedisBreaker` (shared by every worker on
 every host) and :class:`LocalBreaker` (one process, the embedded setup).
 
@@ -51,12 +58,20 @@ def pause_reason(error: BaseException) -> tuple[str, str] | None:
     return None
 
 
+UNAVAILABLE = "unavailable"
+UNAVAILABLE_DETAIL = ("the workspace answered {count} calls in a row with a server error (HTTP 5xx): it is down or "
+                      "overloaded; one worker tries again after the pause")
+STREAK_TTL_S = 300.0  # a streak nobody adds to for this long is forgotten (Redis)
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerPlan:
-    """Backoff of the pauses: ``base_s`` after the first failure, doubling, at most ``cap_s``."""
+    """Backoff of the pauses: ``base_s`` after the first failure, doubling, at most ``cap_s``.
+    ``trip_after_server_errors``: 5xx answers in a row that trip it."""
 
     base_s: float = 5.0
     cap_s: float = 120.0
+    trip_after_server_errors: int = 5
 
     def pause_s(self, trips: int, rng: random.Random) -> float:
         """The pause after the ``trips``-th failure in a row: full at the cap, with 20 % jitter below."""
@@ -95,6 +110,15 @@ class Breaker(Protocol):
         None. Only reads: an onlooker (the dashboard) never takes the probe."""
         ...
 
+    def server_error(self) -> tuple[Pause, bool] | None:
+        """A call was answered with a 5xx: one more in the streak. At ``trip_after_server_errors``
+        in a row the breaker trips (``unavailable``): the trip's answer, else None."""
+        ...
+
+    def answered(self) -> None:
+        """A call was answered otherwise: the streak of 5xx answers, if any, ends."""
+        ...
+
 
 class LocalBreaker:
     """One process's breaker (the embedded setup): thread-safe, nothing shared."""
@@ -106,6 +130,7 @@ class LocalBreaker:
         self._pause: Pause | None = None
         self._trips = 0
         self._probe_until = 0.0
+        self._streak = 0
 
     def gate(self) -> Pause | Probe | None:
         with self._lock:
@@ -128,12 +153,24 @@ class LocalBreaker:
     def close(self) -> bool:
         with self._lock:
             was_open = self._pause is not None
-            self._pause, self._trips, self._probe_until = None, 0, 0.0
+            self._pause, self._trips, self._probe_until, self._streak = None, 0, 0.0, 0
             return was_open
 
     def peek(self) -> Pause | None:
         with self._lock:
             return self._pause
+
+    def server_error(self) -> tuple[Pause, bool] | None:
+        with self._lock:
+            self._streak += 1
+            count = self._streak
+        if count < self.plan.trip_after_server_errors:
+            return None
+        return self.trip(UNAVAILABLE, UNAVAILABLE_DETAIL.format(count=count))
+
+    def answered(self) -> None:
+        with self._lock:
+            self._streak = 0
 
 
 _TRIP_LUA = """
@@ -155,7 +192,9 @@ class RedisBreaker:
                  clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
         self.plan, self._client, self._clock, self._rng = plan, client, clock, rng or random.Random()
         self._key, self._probe_key = key_prefix + "breaker", key_prefix + "breaker:probe"
+        self._streak_key = key_prefix + "breaker:streak"
         self._trip = client.register_script(_TRIP_LUA)
+        self._streak_seen = False  # this process added to a streak: its next answer ends it
 
     def gate(self) -> Pause | Probe | None:
         pause = self.peek()
@@ -175,7 +214,29 @@ class RedisBreaker:
         return Pause(reason, detail, int(until_ms) / 1000.0), int(trips) == 1
 
     def close(self) -> bool:
-        return bool(self._client.delete(self._key, self._probe_key))
+        self._streak_seen = False
+        pipe = self._client.pipeline()  # one round trip; the breaker's keys tell whether it was open
+        pipe.delete(self._key, self._probe_key)
+        pipe.delete(self._streak_key)
+        return bool(pipe.execute()[0])
+
+    def server_error(self) -> tuple[Pause, bool] | None:
+        pipe = self._client.pipeline()
+        pipe.incr(self._streak_key)
+        pipe.pexpire(self._streak_key, int(STREAK_TTL_S * 1000))
+        count = int(pipe.execute()[0])
+        self._streak_seen = True
+        if count < self.plan.trip_after_server_errors:
+            return None
+        return self.trip(UNAVAILABLE, UNAVAILABLE_DETAIL.format(count=count))
+
+    def answered(self) -> None:
+        # Only a process that saw a streak ends it: on the happy path this costs no call. A streak
+        # another process began is ended by that process's next answer, or by a probe that closes
+        # the breaker, or it is forgotten after STREAK_TTL_S.
+        if self._streak_seen:
+            self._client.delete(self._streak_key)
+            self._streak_seen = False
 
     def peek(self) -> Pause | None:
         fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until"])  # type: ignore[assignment]

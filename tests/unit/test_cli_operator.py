@@ -167,3 +167,13 @@ def test_tracing_asked_for_without_its_packages_is_a_configuration_mistake(
         result = run(command, traced)
         assert result.exit_code == exits.CONFIGURATION
         assert one_error_line(result).startswith("error: DISPATCHER_OTLP_ENDPOINT (otlp_endpoint): needs the tracing")
+
+
+def test_notify_priority_sets_the_lane_and_a_wrong_one_is_the_operators_typo(env: dict[str, str], tmp_path: Path) -> None:
+    request = tmp_path / "code.json"
+    request.write_text(json.dumps(reminder("cli-urgent", identifier="p-1", phone=PHONE)))
+    assert run(["notify", "--file", str(request), "--priority", "urgent"], env).exit_code == exits.OK
+    shown = run(["status", "cli-urgent", "--json"], env)
+    assert json.loads(shown.output)["priority"] == "urgent"
+    refused = run(["notify", "--priority", "asap", "--file", "-"], env, input=request.read_text())
+    assert refused.exit_code == 2 and "asap" in refused.output  # click names the operator's own typo

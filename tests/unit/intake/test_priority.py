@@ -4,19 +4,16 @@ batch, the relay and the command line. SQLite store, a list in place of the brok
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import EventConflict, InvalidEvent
 from dispatcher.intake import outbox
-from dispatcher.operations.cli.main import cli
 from dispatcher.operations.sweep import sweep
 from dispatcher.queues import SEND_QUEUE, URGENT_QUEUE, Priority, send_queue, send_queues
 from dispatcher.service import Dispatcher
@@ -100,18 +97,3 @@ def test_the_relay_publishes_urgent_rows_first_each_to_its_lane(dispatcher: Disp
     assert sweep(sessions=dispatcher.sessions, enqueuer=relay, stale_after_s=45) == 4
     assert [relay.queues[notification_id] for notification_id in relay.sent] == [URGENT_QUEUE] * 2 + [SEND_QUEUE] * 2
     assert relay.sent[:2] == sorted(relay.sent)[2:]  # the two urgent ones, handed over last, went first
-
-
-def test_the_command_line_sets_the_priority(tmp_path: Path, clean_environment: pytest.MonkeyPatch) -> None:
-    request = tmp_path / "code.json"
-    request.write_text(json.dumps(reminder("cli-urgent", identifier="p-1", phone=PHONE)))
-    env = {"DISPATCHER_CONFIG": str(EXAMPLE), "DISPATCHER_DATABASE_URL": f"sqlite:///{tmp_path}/cli.sqlite",
-           "DISPATCHER_BROKER_URL": f"filesystem://{tmp_path}/broker"}
-    runner = CliRunner()
-    assert runner.invoke(cli, ["db", "upgrade"], env=env).exit_code == 0
-    handed = runner.invoke(cli, ["notify", "--file", str(request), "--priority", "urgent"], env=env)
-    assert handed.exit_code == 0, handed.output
-    shown = runner.invoke(cli, ["status", "cli-urgent", "--json"], env=env)
-    assert json.loads(shown.output)["priority"] == "urgent"
-    refused = runner.invoke(cli, ["notify", "--priority", "asap", "--file", "-"], env=env, input=request.read_text())
-    assert refused.exit_code == 2 and "asap" in refused.output  # click names the operator's own typo
