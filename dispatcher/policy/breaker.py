@@ -8,12 +8,14 @@ when the while is over exactly one worker *probes* with a real call. A success c
 and everyone carries on; a failure trips it again, for longer (exponential backoff with jitter,
 capped). Nothing is lost: a notification fails with that reason only at its send deadline.
 
-A workspace that answers but is down (issue 45: 5xx to every call) trips it too, once it has
-answered ``plan.trip_after_server_errors`` calls in a row with a 5xx, every worker's calls counted
-together (:meth:`Breaker.server_error`), with ``error_kind`` ``unavailable``. One 5xx among answers
-is the retry policy's, not a reason to stop every worker: any other answer ends the streak
-(:meth:`Breaker.answered`, which costs nothing while there is no streak). While it is open, its
-notifications wait without holding a worker: a run checks the breaker before anything else.
+A workspace that answers but is down (issue 45: 5xx to every call) trips it too, once calls for
+``plan.trip_after_server_errors`` different notifications in a row were answered with a 5xx, every
+worker's calls counted together (:meth:`Breaker.server_error`), with ``error_kind`` ``unavailable``.
+A 5xx among answers is the retry policy's, not a reason to stop every worker: any other answer
+ends the streak (:meth:`Breaker.answered`, which costs nothing while there is no streak). And one
+notification whose calls keep failing counts once: its own retries end it (``tries_exhausted``),
+the workspace goes on for the others. While it is open, its notifications wait without holding a
+worker: a run checks the breaker before anything else.
 
 Two implementations, like the rate limiter: :class:`RedisBreaker` (shared by every worker on
 every host) and :class:`LocalBreaker` (one process, the embedded setup).
@@ -59,8 +61,8 @@ def pause_reason(error: BaseException) -> tuple[str, str] | None:
 
 
 UNAVAILABLE = "unavailable"
-UNAVAILABLE_DETAIL = ("the workspace answered {count} calls in a row with a server error (HTTP 5xx): it is down or "
-                      "overloaded; one worker tries again after the pause")
+UNAVAILABLE_DETAIL = ("the workspace answered the calls of {count} notifications in a row with a server error "
+                      "(HTTP 5xx): it is down or overloaded; one worker tries again after the pause")
 STREAK_TTL_S = 300.0  # a streak nobody adds to for this long is forgotten (Redis)
 
 
@@ -110,9 +112,10 @@ class Breaker(Protocol):
         None. Only reads: an onlooker (the dashboard) never takes the probe."""
         ...
 
-    def server_error(self) -> tuple[Pause, bool] | None:
-        """A call was answered with a 5xx: one more in the streak. At ``trip_after_server_errors``
-        in a row the breaker trips (``unavailable``): the trip's answer, else None."""
+    def server_error(self, notification_id: int) -> tuple[Pause, bool] | None:
+        """A call for ``notification_id`` was answered with a 5xx: one more in the streak unless that
+        notification is in it already. At ``trip_after_server_errors`` notifications in a row the
+        breaker trips (``unavailable``): the trip's answer, else None."""
         ...
 
     def answered(self) -> None:
@@ -130,7 +133,7 @@ class LocalBreaker:
         self._pause: Pause | None = None
         self._trips = 0
         self._probe_until = 0.0
-        self._streak = 0
+        self._streak: set[int] = set()
 
     def gate(self) -> Pause | Probe | None:
         with self._lock:
@@ -153,24 +156,25 @@ class LocalBreaker:
     def close(self) -> bool:
         with self._lock:
             was_open = self._pause is not None
-            self._pause, self._trips, self._probe_until, self._streak = None, 0, 0.0, 0
+            self._pause, self._trips, self._probe_until = None, 0, 0.0
+            self._streak.clear()
             return was_open
 
     def peek(self) -> Pause | None:
         with self._lock:
             return self._pause
 
-    def server_error(self) -> tuple[Pause, bool] | None:
+    def server_error(self, notification_id: int) -> tuple[Pause, bool] | None:
         with self._lock:
-            self._streak += 1
-            count = self._streak
+            self._streak.add(notification_id)
+            count = len(self._streak)
         if count < self.plan.trip_after_server_errors:
             return None
         return self.trip(UNAVAILABLE, UNAVAILABLE_DETAIL.format(count=count))
 
     def answered(self) -> None:
         with self._lock:
-            self._streak = 0
+            self._streak.clear()
 
 
 _TRIP_LUA = """
@@ -184,6 +188,32 @@ return {trips, until_ms}
 """
 
 
+# KEYS[1] the breaker's hash; ARGV: the streak's life in ms, the notification's ID. The streak is
+# the hash's "streak" field (the count, which every gate reads) and a "5xx:<id>" field for each
+# notification in it; a hash that holds no pause is kept only that long after the last 5xx (an open
+# breaker keeps its own expiry).
+_STREAK_LUA = """
+local count
+if redis.call('HSETNX', KEYS[1], '5xx:' .. ARGV[2], 1) == 1 then
+  count = redis.call('HINCRBY', KEYS[1], 'streak', 1)
+else
+  count = tonumber(redis.call('HGET', KEYS[1], 'streak') or '0')
+end
+if redis.call('HEXISTS', KEYS[1], 'until') == 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return count
+"""
+
+# KEYS[1] the breaker's hash: the streak's fields go (the pause, if any, stays).
+_END_STREAK_LUA = """
+local fields = {'streak'}
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(name, 1, 4) == '5xx:' then fields[#fields + 1] = name end
+end
+redis.call('HDEL', KEYS[1], unpack(fields))
+return #fields - 1
+"""
+
+
 class RedisBreaker:
     """The breaker every worker shares through Redis: one hash (reason, detail, until, trips) and a
     probe key taken with ``SET NX``, so after a pause exactly one worker calls the workspace."""
@@ -192,9 +222,10 @@ class RedisBreaker:
                  clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
         self.plan, self._client, self._clock, self._rng = plan, client, clock, rng or random.Random()
         self._key, self._probe_key = key_prefix + "breaker", key_prefix + "breaker:probe"
-        self._streak_key = key_prefix + "breaker:streak"
         self._trip = client.register_script(_TRIP_LUA)
-        self._streak_seen = False  # this process added to a streak: its next answer ends it
+        self._count_server_error = client.register_script(_STREAK_LUA)
+        self._end_streak = client.register_script(_END_STREAK_LUA)
+        self._streak_seen = False  # the last gate (or this process) saw a streak: the next answer ends it
 
     def gate(self) -> Pause | Probe | None:
         pause = self.peek()
@@ -215,31 +246,26 @@ class RedisBreaker:
 
     def close(self) -> bool:
         self._streak_seen = False
-        pipe = self._client.pipeline()  # one round trip; the breaker's keys tell whether it was open
-        pipe.delete(self._key, self._probe_key)
-        pipe.delete(self._streak_key)
-        return bool(pipe.execute()[0])
+        return bool(self._client.delete(self._key, self._probe_key))
 
-    def server_error(self) -> tuple[Pause, bool] | None:
-        pipe = self._client.pipeline()
-        pipe.incr(self._streak_key)
-        pipe.pexpire(self._streak_key, int(STREAK_TTL_S * 1000))
-        count = int(pipe.execute()[0])
+    def server_error(self, notification_id: int) -> tuple[Pause, bool] | None:
+        count = int(self._count_server_error(keys=[self._key], args=[int(STREAK_TTL_S * 1000), notification_id]))
         self._streak_seen = True
         if count < self.plan.trip_after_server_errors:
             return None
         return self.trip(UNAVAILABLE, UNAVAILABLE_DETAIL.format(count=count))
 
     def answered(self) -> None:
-        # Only a process that saw a streak ends it: on the happy path this costs no call. A streak
-        # another process began is ended by that process's next answer, or by a probe that closes
-        # the breaker, or it is forgotten after STREAK_TTL_S.
+        # The streak is a field of the breaker's hash, which every run's gate reads anyway: a run
+        # that saw one (or made one) ends it, whichever process began it; on the happy path this
+        # costs no call.
         if self._streak_seen:
-            self._client.delete(self._streak_key)
+            self._end_streak(keys=[self._key])
             self._streak_seen = False
 
     def peek(self) -> Pause | None:
-        fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until"])  # type: ignore[assignment]
+        fields: list[Any] = self._client.hmget(self._key, ["reason", "detail", "until", "streak"])  # type: ignore[assignment]
+        self._streak_seen = fields[3] is not None
         if fields[2] is None:
             return None
         reason, detail = (value.decode() if isinstance(value, bytes) else str(value) for value in fields[:2])

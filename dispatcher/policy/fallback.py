@@ -129,7 +129,7 @@ WINDOW_PAST_DEADLINE = "window_past_deadline"
 # ``send_deadline``: a wait without a call (our limiter) outlasted the send deadline; the same: the
 # deadline is the notification's.
 SEND_DEADLINE = "send_deadline"
-_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "payload_missing",
+_SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachable", "unavailable", "payload_missing",
                                              "payload_unreadable", "internal", OUTCOME_UNKNOWN, WINDOW_PAST_DEADLINE,
                                              SEND_DEADLINE})
 

@@ -211,8 +211,8 @@ def _run_job(job: _Job, gate: object, ctx: SendContext) -> SendResult:
         return _fail(job, ctx, "invalid_for_channel", str(error))
     except ApiError as error:  # a step before createMessage: nothing was sent by this try
         return _forgotten(error, job, ctx) or _apply(_decide(error, job, ctx), job, ctx)
-    if isinstance(gate, Probe) and not result.paused:
-        _breaker_closed(ctx)
+    if isinstance(gate, Probe) and not result.paused and result.outcome is not Outcome.RETRY:
+        _breaker_closed(ctx)  # the probe got an answer (a retry may be a 5xx: the pause goes on)
     elif result.outcome is Outcome.ACCEPTED:
         ctx.breaker.answered()  # createMessage was answered: a streak of 5xx, if any, ends
     return result
@@ -230,7 +230,7 @@ def _decide(error: ApiError, job: _Job, ctx: SendContext) -> Decision:
     """The retry policy's decision after a call of this run's failed. A call that reached the
     workspace (answered, refused, timed out) spends one provider try, counted before the decision
     is applied; a refused token or no connection pauses every worker and spends none."""
-    _note_answer(error, ctx)
+    _note_answer(error, job.notification_id, ctx)
     decision = decide(error, tries=job.tries + 1, plan=ctx.plan, rng=ctx.rng)
     if decision.kind is not DecisionKind.PAUSE_WORKSPACE:
         with ctx.sessions.begin() as session:
@@ -258,12 +258,12 @@ def _pause_workspace(decision: Decision, notification_id: int, held: _Job | None
     return _wait_for_workspace(notification_id, held, pause, ctx)
 
 
-def _note_answer(error: ApiError, ctx: SendContext) -> None:
-    """A 5xx is one more in the workspace's streak of them (at the breaker's threshold every worker
-    pauses: it is down, docs/priorities.md); any other answer ends the streak. This run's own
-    decision stays the retry policy's (a retry, or a look before any resend)."""
+def _note_answer(error: ApiError, notification_id: int, ctx: SendContext) -> None:
+    """A 5xx puts the notification in the workspace's streak of them (at the breaker's threshold of
+    notifications every worker pauses: it is down, docs/priorities.md); any other answer ends the
+    streak. This run's own decision stays the retry policy's (a retry, or a look before any resend)."""
     if isinstance(error, ServerError):
-        tripped = ctx.breaker.server_error()
+        tripped = ctx.breaker.server_error(notification_id)
         if tripped is not None and tripped[1]:  # one line per pause, not one per notification
             pause = tripped[0]
             log.warning("workspace paused for every worker: %s; trying again in %.0f s", pause.reason,
@@ -343,7 +343,7 @@ def _fail_past_deadline(session: Session, row: Any, held: _Job | None, pause: Pa
 def _pause_before_job(error: ApiError, notification_id: int, ctx: SendContext) -> SendResult | None:
     """The inbox list failed before the run took its attempt: only a reason to pause every
     worker (a refused token, no connection) stops the run here; a 429 also pauses the limiter."""
-    _note_answer(error, ctx)
+    _note_answer(error, notification_id, ctx)
     decision = decide(error, tries=1, plan=ctx.plan, rng=ctx.rng)
     if decision.kind is DecisionKind.PAUSE_WORKSPACE:
         return _pause_workspace(decision, notification_id, None, ctx)

@@ -55,18 +55,23 @@ def test_server_errors_of_every_worker_count_together_and_the_one_that_saw_them_
     workers = [RedisBreaker(client, BreakerPlan(base_s=10, cap_s=60, trip_after_server_errors=5), key_prefix=prefix,
                             clock=clock, rng=random.Random(n)) for n in range(3)]
     try:
-        # four 5xx across three workers, then one of them gets an answer: the streak ends
-        assert [workers[n % 3].server_error() for n in range(4)] == [None] * 4
-        workers[0].answered()
-        assert client.exists(prefix + "breaker:streak") == 0
-        workers[2].answered()  # a worker with no streak of its own makes no call (nothing to end)
-        # five in a row, from every worker: it trips as unavailable, and every worker waits
-        tripped = [workers[n % 3].server_error() for n in range(5)]
-        assert tripped[:4] == [None] * 4 and tripped[4] is not None and tripped[4][1] is True
+        # one notification failing again and again, on every worker, counts once
+        assert [workers[n % 3].server_error(99) for n in range(9)] == [None] * 9
+        assert client.hget(prefix + "breaker", "streak") == b"1"
+        # four notifications' 5xx across three workers, then another worker's run sees the streak
+        # and gets an answer: it ends
+        assert [workers[n % 3].server_error(n) for n in range(3)] == [None] * 3
+        assert workers[2].gate() is None  # closed: the streak is only seen
+        workers[2].answered()
+        assert client.hkeys(prefix + "breaker") == []
+        assert [workers[n % 3].server_error(n) for n in range(4)] == [None] * 4  # counting from 0 again
+        # the fifth in a row, from any worker: it trips as unavailable, and every worker waits
+        tripped = workers[1].server_error(4)
+        assert tripped is not None and tripped[1] is True
         assert all(isinstance(gate, Pause) and gate.reason == "unavailable" for gate in (w.gate() for w in workers))
-        assert 0 < client.pttl(prefix + "breaker:streak")  # never kept for ever
+        assert 0 < client.pttl(prefix + "breaker")  # never kept for ever
         clock.now += 60
         prober = next(worker for worker in workers if isinstance(worker.gate(), Probe))
-        assert prober.close() is True and client.exists(prefix + "breaker:streak") == 0
+        assert prober.close() is True and client.exists(prefix + "breaker") == 0
     finally:
-        client.delete(prefix + "breaker", prefix + "breaker:probe", prefix + "breaker:streak")
+        client.delete(prefix + "breaker", prefix + "breaker:probe")

@@ -73,16 +73,19 @@ def test_a_failed_probe_waits_longer() -> None:
     assert not opened and second.until - clock.now >= 16.0  # the second pause: 20 s, jitter at most -20 %
 
 
-def test_five_server_errors_in_a_row_trip_it_as_unavailable_and_any_answer_ends_the_streak() -> None:
+def test_five_notifications_answered_5xx_in_a_row_trip_it_as_unavailable_and_any_answer_ends_the_streak() -> None:
     clock = Clock()
     breaker = LocalBreaker(BreakerPlan(base_s=10, cap_s=60, trip_after_server_errors=5), clock=clock,
                            rng=random.Random(1))
-    # four 5xx, then an answer: the streak ends, the breaker stays closed
-    assert [breaker.server_error() for _ in range(4)] == [None] * 4
+    # one notification's calls failing again and again count once: its own tries end it
+    assert [breaker.server_error(7) for _ in range(12)] == [None] * 12
+    breaker.answered()  # (another notification's call was answered)
+    # four notifications' 5xx, then an answer: the streak ends, the breaker stays closed
+    assert [breaker.server_error(n) for n in range(4)] == [None] * 4
     breaker.answered()
-    assert [breaker.server_error() for _ in range(4)] == [None] * 4 and breaker.gate() is None
-    # the fifth in a row trips it: every run now waits, saying why in plain words
-    tripped = breaker.server_error()
+    assert [breaker.server_error(n) for n in range(4)] == [None] * 4 and breaker.gate() is None
+    # the fifth notification in a row trips it: every run now waits, saying why in plain words
+    tripped = breaker.server_error(4)
     assert tripped is not None and tripped[1] is True
     gate = breaker.gate()
     assert isinstance(gate, Pause) and gate.reason == "unavailable" and "5xx" in gate.detail
@@ -90,4 +93,4 @@ def test_five_server_errors_in_a_row_trip_it_as_unavailable_and_any_answer_ends_
     clock.now += 60
     assert isinstance(breaker.gate(), Probe)
     assert breaker.close() is True
-    assert [breaker.server_error() for _ in range(4)] == [None] * 4
+    assert [breaker.server_error(n) for n in range(4)] == [None] * 4
