@@ -19,6 +19,7 @@ from typing import TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.api import Inbox, RateLimited, WorkspaceClient
+from dispatcher.api.errors import ApiStatusError, ServerError
 from dispatcher.enqueue import Enqueuer
 from dispatcher.errors import ConfigurationError, DispatcherError
 from dispatcher.policy.backoff import backoff_s
@@ -255,11 +256,21 @@ def call_api(ctx: SendContext, call: Callable[[], T], *buckets: str) -> T:
         if wait_s > 0:
             raise Wait(wait_s, "rate limit")
     try:
-        return call()
+        answer = call()
     except RateLimited as error:
+        ctx.breaker.answered()
         if READS_BUCKET in buckets:
             _pause_after_read_429(ctx, error)
         raise
+    except ServerError:
+        raise  # one more in the workspace's streak: the send path counts it, with its notification
+    except ApiStatusError:
+        ctx.breaker.answered()  # a 4xx: the workspace is up
+        raise
+    # The workspace answered: a streak of 5xx answers, if the breaker's gate saw one, ends here
+    # (whichever notification's call it is); with no streak this costs nothing.
+    ctx.breaker.answered()
+    return answer
 
 
 def _pause_after_read_429(ctx: SendContext, error: RateLimited) -> None:

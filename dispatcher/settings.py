@@ -375,8 +375,9 @@ class Settings(BaseSettings):
     # first breaker_base_s, doubling up to breaker_cap_s, then one worker tries again.
     breaker_base_s: float = Field(default=5.0, gt=0)
     breaker_cap_s: float = Field(default=120.0, gt=0)
-    # A workspace that answers this many calls in a row (every worker's together) with a 5xx is
-    # down: the breaker trips as for a refused token, with error_kind "unavailable" (docs/priorities.md).
+    # A workspace that answers the calls of this many different notifications in a row (every
+    # worker's together) with a 5xx is down: the breaker trips as for a refused token, with
+    # error_kind "unavailable" (docs/priorities.md).
     breaker_after_server_errors: int = Field(default=5, gt=0, le=1000)
     # A notification not accepted this long after it was due fails, with the reason it waited for.
     send_deadline_s: float = Field(default=86400.0, gt=0)

@@ -24,8 +24,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 ORDER = ("send_path", "api_calls", "faults", "receiver", "latency", "overload", "latency_80", "end_to_end", "db_cost",
-         "memory", "relay", "consumer", "intake_batch", "send_path_other_broker", "consumer_other_broker", "tracking_calls",
-         "drain", "drain_other_broker")
+         "memory", "relay", "consumer", "intake_batch", "send_path_other_broker", "consumer_other_broker", "tracking_calls")
 
 
 def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[str]]:
@@ -64,9 +63,6 @@ def plan(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, list[st
                               "--broker", other_broker],
         # the product as deployed (no lifted limits, no fast timers): each phase waits out the read-backs
         "tracking_calls": ["tracking_calls.py", "--notifications", "30" if quick else "100"],
-        # the product as deployed against the workspace's limits: a drain is minutes long (its floor)
-        "drain": ["drain.py", "--broker", args.broker, "--notifications", "1000" if quick else "5000"],
-        "drain_other_broker": ["drain.py", "--broker", other_broker, "--notifications", "1000" if quick else "5000"],
     }
 
 
