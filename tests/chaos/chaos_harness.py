@@ -974,12 +974,28 @@ def reads_per_message(calls: dict[str, int], messages: list[dict[str, Any]]) -> 
     return round(calls.get("listMessages", 0) / max(outgoing, 1), 3)
 
 
-def reads_not_followed(rows: dict[str, Row], messages: list[dict[str, Any]]) -> int:
+def reads_not_followed(rows: dict[str, Row], messages: list[dict[str, Any]], engine: sa.Engine | None = None) -> int:
     """Attempts still delivered here whose message the sandbox says is read: a lost read report
-    that reconciliation has not yet followed through."""
+    that reconciliation has not yet followed through. With ``engine``, also attempts still sent
+    here whose message a late "sent" overwrote after it was delivered, when the dispatcher has
+    received the two distinct updates that show it (updates_received): their next read-back weighs
+    them and records delivered. A fallback attempt's can be the last thing that moves (its reports
+    came before its send was recorded, and its read-back a minute after it): judged before, it
+    would be taken for a miss (chaos seed 520282582, RabbitMQ)."""
     status = {message["id"]: message["status"] for message in messages}
-    return sum(1 for row in rows.values() for attempt in row.attempts.values()
-               if attempt["state"] == "delivered" and status.get(attempt["message_id"]) == "read")
+    lagging = sum(1 for row in rows.values() for attempt in row.attempts.values()
+                  if attempt["state"] == "delivered" and status.get(attempt["message_id"]) == "read")
+    if engine is None:
+        return lagging
+    overwritten = {message["id"] for message in messages
+                   if message["status"] == "sent" and reached(message) in ("delivered", "read")}
+    # only attempts whose read-backs go on: the current one, unless a decision ended the first's
+    current = [(row, current_attempt(row)) for row in rows.values()]
+    waiting = [attempt["message_id"] for row, attempt in current
+               if attempt is not None and attempt["state"] == "sent" and attempt["message_id"] in overwritten
+               and (row.fallback_decision is None or row.fallback_decision == "fallback")]
+    received = updates_received(engine, waiting) if waiting else {}
+    return lagging + sum(1 for message_id in waiting if received.get(message_id, 0) >= 2)
 
 
 def unprocessed_deliveries(engine: sa.Engine) -> int:

@@ -284,7 +284,7 @@ def _settle(stack: Any, engine: sa.Engine, controller: Controller, planned: list
         pending = stack.sandbox.health().get("pending_webhooks", 0)
         lagging = 0
         if not unsettled and not missing and not unprocessed and not pending:
-            lagging = reads_not_followed(rows, stack.sandbox.messages())
+            lagging = reads_not_followed(rows, stack.sandbox.messages(), engine)
         signature = (unprocessed, pending, lagging, tuple(sorted(
             (event, row.state, row.fallback_decision, tuple(sorted((n, a["state"]) for n, a in row.attempts.items())))
             for event, row in rows.items())))
