@@ -116,8 +116,10 @@ class SendContext:
 
 def limits_of(settings: Settings) -> dict[str, Limit]:
     limits = {
-        ACCOUNT_BUCKET: Limit(per_minute=settings.api_requests_per_minute),
-        SEARCH_BUCKET: Limit(per_minute=settings.contact_searches_per_minute),
+        ACCOUNT_BUCKET: Limit(per_minute=settings.api_requests_per_minute,
+                              reserved_for_urgent=urgent_reserve(settings.api_requests_per_minute, settings)),
+        SEARCH_BUCKET: Limit(per_minute=settings.contact_searches_per_minute,
+                             reserved_for_urgent=urgent_reserve(settings.contact_searches_per_minute, settings)),
         READS_BUCKET: Limit(per_minute=reads_per_minute(settings)),
     }
     for shared in URGENT_SHARED_BUCKETS:  # urgent calls' share of each (docs/priorities.md)
@@ -126,6 +128,11 @@ def limits_of(settings: Settings) -> dict[str, Limit]:
         if route.max_per_minute is not None:
             limits[route_bucket(name)] = Limit(per_minute=route.max_per_minute)
     return limits
+
+
+def urgent_reserve(shared_per_minute: int, settings: Settings) -> int:
+    """The slots of a budget kept for urgent calls alone, rounded up (none of a budget of one)."""
+    return min(math.ceil(settings.urgent_reserved_fraction * shared_per_minute), shared_per_minute - 1)
 
 
 def urgent_per_minute(shared_per_minute: int, settings: Settings) -> int:

@@ -21,7 +21,10 @@ refused by a shared bucket puts that bucket on *standby* until the slot frees (p
 :data:`STANDBY_MARGIN_S`, the time the caller takes to come back): meanwhile every normal acquire
 that takes the bucket waits, so the freed slot goes to the urgent call, not to whichever normal
 call asks first. Urgent calls also take their own buckets (:func:`urgent_bucket`, a fraction of
-the shared ones' limits); an urgent acquire those refuse sets no standby. A standby is set only
+the shared ones' limits); an urgent acquire those refuse sets no standby. And a few slots of each
+shared budget are kept for urgent calls alone (``Limit.reserved_for_urgent``): a budget normal calls
+spent whole in the first seconds of a minute would otherwise make an urgent call wait for the
+window to slide, however first it stands. A standby is set only
 while the budget is spent (an urgent call was refused), so it never holds normal calls back while
 the budget has room; and as the window slides, the slots normal calls leave during a standby are
 theirs after it: it delays them, it does not take their share of the minute. So normal calls are held
@@ -69,13 +72,21 @@ STANDBY_KEY = "standby:{bucket}"  # string: standby end, unix ms (an urgent call
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """At most ``per_minute`` grants in any 60-second span."""
+    """At most ``per_minute`` grants in any 60-second span; of them, the last ``reserved_for_urgent``
+    only to urgent acquires (a normal acquire sees ``per_minute - reserved_for_urgent``)."""
 
     per_minute: int
+    reserved_for_urgent: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.per_minute, bool) or not isinstance(self.per_minute, int) or self.per_minute < 1:
             raise ValueError("per_minute must be an int >= 1")
+        if not 0 <= self.reserved_for_urgent < self.per_minute:
+            raise ValueError("reserved_for_urgent must be >= 0 and below per_minute")
+
+    def for_lane(self, urgent: bool) -> int:
+        """The grants an acquire of this lane may find in the window."""
+        return self.per_minute if urgent else self.per_minute - self.reserved_for_urgent
 
 
 @runtime_checkable
@@ -168,8 +179,10 @@ class LocalLimiter:
                 grants = self._grants[bucket]
                 while grants and grants[0] <= now - WINDOW_S:
                     grants.popleft()
-                if len(grants) >= self._limits[bucket].per_minute:
-                    free_in_s = max(grants[0] + WINDOW_S - now, _MIN_WAIT_S)
+                limit = self._limits[bucket].for_lane(urgent)
+                if len(grants) >= limit:
+                    # the grant whose leaving frees a slot for this lane: the oldest, below a reserve
+                    free_in_s = max(grants[len(grants) - limit] + WINDOW_S - now, _MIN_WAIT_S)
                     wait_s = max(wait_s, free_in_s)
                     if _urgent_own(bucket):
                         own_full = True
@@ -233,9 +246,11 @@ local full_shared = {}
 for j = 1, buckets do
   local key = KEYS[3 * j - 1]
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  if redis.call('ZCARD', key) >= tonumber(ARGV[4 + 2 * j]) then
-    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    local free_in = math.max(tonumber(oldest[2]) + window - now, 1)
+  local count = redis.call('ZCARD', key)
+  local limit = tonumber(ARGV[4 + 2 * j])
+  if count >= limit then
+    local freeing = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+    local free_in = math.max(tonumber(freeing[2]) + window - now, 1)
     wait = math.max(wait, free_in)
     if ARGV[5 + 2 * j] == '1' then own_full = true else full_shared[#full_shared + 1] = {j, free_in} end
   end
@@ -315,7 +330,7 @@ class RedisLimiter:
         args: list[int | str] = [_now_ms(self._clock), int(WINDOW_S * 1000), secrets.token_hex(8),
                                  1 if urgent else 0, int(STANDBY_MARGIN_S * 1000)]
         for bucket in unique:
-            args += [self._limits[bucket].per_minute, 1 if _urgent_own(bucket) else 0]
+            args += [self._limits[bucket].for_lane(urgent), 1 if _urgent_own(bucket) else 0]
         wait_ms = int(self._acquire(keys=keys, args=args))
         return max(wait_ms / 1000.0, _MIN_WAIT_S) if wait_ms > 0 else 0.0
 

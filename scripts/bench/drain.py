@@ -8,10 +8,13 @@ run's own (the shared limiter, and the broker on ``--broker redis``) or a Rabbit
 its own (``--broker amqp``), and the stock sandbox. Variants, one after the other, each on a stack
 of its own:
 
-* ``plain``: ``--notifications`` reminders (default 5,000) to ``--contacts`` recipients (default
-  200): each recipient's first reminder finds a contact the workspace has never seen (a contact
-  search, a create, a conversation), the others a known one (one createMessage). ``--urgent-after-s``
-  into the drain, 20 urgent reminders to recipients already known are handed over.
+* ``plain``: first, one reminder to each of ``--known`` recipients (default 90), so that the
+  dispatcher knows them (a returning clinic's patients), and a minute's wait for their contact
+  searches to leave the limiter's window. Then the drain: ``--notifications`` reminders (default
+  5,000), of which ``--new`` (default 200) to recipients the workspace has never seen (each a
+  contact search, a create, a conversation and the message), spread evenly among the others, to the
+  known recipients (one createMessage each). ``--urgent-after-s`` into the drain, 20 urgent
+  reminders to known recipients are handed over.
 * ``faults``: the same under the chaos suite's API faults (tests/chaos/chaos_harness.py: 5 % 503
   and 2 % 429 on every operation, 1 % of createMessage answers dropped after the commit).
 * ``workspaces``: two workspaces on two sandbox processes. ``down`` has the backlog and answers
@@ -179,6 +182,15 @@ def _reminders(prefix: str, count: int, contacts: int, **extra: Any) -> list[dic
             for number in range(count)]
 
 
+def _faults_fired(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """The sandbox's injected faults in the span, by kind (429, 503, a dropped answer ...)."""
+    totals: dict[str, int] = {}
+    for operation, kinds in after.get("faults", {}).items():
+        for kind, count in kinds.items():
+            totals[kind] = totals.get(kind, 0) + count - before.get("faults", {}).get(operation, {}).get(kind, 0)
+    return {kind: count for kind, count in sorted(totals.items()) if count}
+
+
 def _calls(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     return {operation: after["calls"].get(operation, 0) - before["calls"].get(operation, 0)
             for operation in sorted(after["calls"]) if after["calls"].get(operation, 0) != before["calls"].get(operation, 0)}
@@ -186,19 +198,37 @@ def _calls(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
 
 # -- the variants ------------------------------------------------------------------------------
 
+def _mix(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--notifications`` reminders: ``--new`` to new recipients (numbers from 10,000 up), spread
+    evenly, the rest to the ``--known`` ones in turn."""
+    every = max(1, args.notifications // max(args.new, 1))
+    requests, new, known = [], 0, 0
+    for number in range(args.notifications):
+        if new < args.new and number % every == every - 1:
+            contact, new = 10_000 + new, new + 1
+        else:
+            contact, known = known % args.known, known + 1
+        requests.append(reminder(f"backlog-{number:05d}", contact, prefix="drain-patient"))
+    return requests
+
+
 def drain(stack: Stack, variant: str, args: argparse.Namespace) -> dict[str, Any]:
     settings = stack.settings
     sandbox = stack.sandboxes["default"]
+    # the known recipients: one reminder each, then a minute for their searches to leave the window
+    _hand_over(stack, [reminder(f"warm-{n:05d}", n, prefix="drain-patient") for n in range(args.known)])
+    wait_until(lambda: _left(stack.engine, "warm") == 0, timeout_s=args.timeout_s, what="the known recipients")
+    time.sleep(61.0)
     before = sandbox.stats()
     began = time.monotonic()
-    _hand_over(stack, _reminders("backlog", args.notifications, args.contacts))
+    _hand_over(stack, _mix(args))
     handover_s = time.monotonic() - began
     urgent_at = None
     if args.urgent_after_s is not None:
         time.sleep(max(0.0, args.urgent_after_s - (time.monotonic() - began)))
         urgent_at = round(time.monotonic() - began, 1)
-        # to recipients whose first reminder went first: known by now
-        _hand_over(stack, [{**reminder(f"urgent-{n:02d}", n, prefix="drain-backlog"), "priority": "urgent"}
+        # to known recipients
+        _hand_over(stack, [{**reminder(f"urgent-{n:02d}", n, prefix="drain-patient"), "priority": "urgent"}
                            for n in range(URGENT)])
     drained = wait_until(lambda: _left(stack.engine, "backlog") == 0 and _left(stack.engine, "urgent") == 0,
                          timeout_s=args.timeout_s, what=f"the backlog drained ({variant})", interval_s=1.0)
@@ -213,7 +243,8 @@ def drain(stack: Stack, variant: str, args: argparse.Namespace) -> dict[str, Any
                   _floor_s(total_calls, settings.api_requests_per_minute))
     workspace_floor_s = max(_floor_s(searches, 100), _floor_s(total_calls, 3000))
     return {
-        "variant": variant, "notifications": args.notifications, "contacts": args.contacts, "drained": drained,
+        "variant": variant, "notifications": args.notifications, "new_recipients": args.new,
+        "known_recipients": args.known, "drained": drained, "faults_fired": _faults_fired(before, after),
         "handover_s": round(handover_s, 1), "sent": sent, "failed": failed, "drain_s": drain_s,
         "notifications_per_s": round(sent / drain_s, 2) if drain_s else None,
         "calls": calls, "calls_total": total_calls,
@@ -261,7 +292,9 @@ def main() -> None:
     parser.add_argument("--broker", choices=["redis", "amqp", "rabbitmq"], default="redis")
     parser.add_argument("--variants", default="plain,faults,workspaces")
     parser.add_argument("--notifications", type=int, default=5000)
-    parser.add_argument("--contacts", type=int, default=200)
+    parser.add_argument("--new", type=int, default=200, help="recipients the workspace has never seen")
+    parser.add_argument("--known", type=int, default=90, help="recipients the dispatcher knows before the drain")
+    parser.add_argument("--contacts", type=int, default=200, help="the workspace that is down: its recipients")
     parser.add_argument("--other", type=int, default=100)
     parser.add_argument("--urgent-after-s", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=2)

@@ -241,9 +241,9 @@ def test_with_sends_and_reads_both_asking_reads_get_their_share_and_sends_the_re
     clock = FakeClock()
     limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
     grants = reads_share.ask(limiter, clock, seconds=2 * WINDOW_S, step_s=0.04)
-    # then in each minute the reads got their 120 and the sends the other 480
+    # then in each minute the reads got their 120 and the sends the other 468 (12 are urgent's reserve)
     for start in (0.0, WINDOW_S):
-        assert (grants.in_span(grants.reads, start), grants.in_span(grants.sends, start)) == (120, 480)
+        assert (grants.in_span(grants.reads, start), grants.in_span(grants.sends, start)) == (120, 468)
     # and never more than 120 reads in any 60-second span
     assert grants.most_in_any_minute(grants.reads) == 120
 
@@ -302,12 +302,18 @@ def test_the_benchmarks_count_of_grants_by_bucket(client: redis.Redis, redis_url
 
 @pytest.mark.usefixtures("clean_environment")
 def test_an_urgent_call_takes_the_first_slot_that_frees_before_any_normal_one(client: redis.Redis, prefix: str) -> None:
-    # the scenario of tests/unit/policy/test_urgent_share.py, on Redis
+    # the scenarios of tests/unit/policy/test_urgent_share.py, on Redis: from the reserve at once ...
     clock = FakeClock()
     limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=60)
+    assert urgent_share.first_urgent_then_normal(limiter, clock)[0] == 0.0
+    # ... and, the reserve spent too, by the standby
+    clock = FakeClock()
+    limiter = _workers_limiter(client, prefix + "standby:", clock, api_requests_per_minute=60, urgent_reserved_fraction=0)
     urgent_at, normal_after = urgent_share.first_urgent_then_normal(limiter, clock)
     assert urgent_at == pytest.approx(0.05)
     assert min(normal_after) == pytest.approx(urgent_at + STANDBY_MARGIN_S)
+    # and a standby is one key under the prefix, gone on its own
+    assert 0 < client.pttl(limiter.standby_key("account")) <= (STANDBY_MARGIN_S + 61) * 1000
 
 
 @pytest.mark.usefixtures("clean_environment")
@@ -315,8 +321,6 @@ def test_urgent_calls_take_their_share_and_normal_ones_keep_the_rest(client: red
     clock = FakeClock()
     limiter = _workers_limiter(client, prefix, clock, api_requests_per_minute=600)
     grants = urgent_share.ask(limiter, clock, seconds=3 * WINDOW_S, step_s=0.04, urgent_from=WINDOW_S)
-    assert grants.in_span(grants.normal, 0.0) == 600
+    assert grants.in_span(grants.normal, 0.0) == 600 - 12  # the reserve: urgent's alone
     for start in (WINDOW_S, 2 * WINDOW_S):
-        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (480, 120)
-    # and a standby is one key under the prefix, gone on its own
-    assert 0 < client.pttl(limiter.standby_key("account")) <= (STANDBY_MARGIN_S + 61) * 1000
+        assert (grants.in_span(grants.urgent, start), grants.in_span(grants.normal, start)) == (480, 108)
