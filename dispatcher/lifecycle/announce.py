@@ -12,12 +12,14 @@ says right after the move: never content or contact data.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import case, func, literal, select
+from sqlalchemy import bindparam, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.states import NotificationState as N
-from dispatcher.store.db import ANNOUNCE_KEY, insert_for
+from dispatcher.store.built_once import built_once
+from dispatcher.store.db import ANNOUNCE_KEY, dialect_insert
 from dispatcher.store.models import Attempt, Callback, Notification, UTCDateTime, table_of
 
 PENDING = "pending"
@@ -45,12 +47,19 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
     and it was not told of it for this attempt already. Call it after a move that won."""
     if not session.info.get(ANNOUNCE_KEY):
         return
+    session.execute(_ANNOUNCE(session), {"notification_id": notification_id, "now": now})
+
+
+@built_once
+def _ANNOUNCE(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
+    """The event of the notification's state as one ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``,
+    built once (SQLAlchemy compiles no ``ON CONFLICT`` statement from its cache)."""
     n = NOTIFICATIONS
     # One past the highest: the move holds the notification's row lock, so two moves never number alike
     # (a unique index would refuse it), and retention keeps a notification's callbacks while it exists.
     sequence = (select(func.coalesce(func.max(CALLBACKS.c.sequence), 0) + 1)
                 .where(CALLBACKS.c.notification_id == n.c.id).scalar_subquery())
-    at = literal(now, UTCDateTime())
+    at = bindparam("now", type_=UTCDateTime())
     # the current attempt's channel: right after a fallback decision the notification still shows the first one's
     channel = func.coalesce(select(ATTEMPTS.c.channel).where(ATTEMPTS.c.notification_id == n.c.id,
                                                              ATTEMPTS.c.number == n.c.current_attempt).scalar_subquery(),
@@ -58,6 +67,6 @@ def announce(session: Session, notification_id: int, *, now: datetime) -> None:
     source = select(
         n.c.id, n.c.event_id, n.c.route, n.c.workspace, case(EVENT_OF_STATE, value=n.c.state), n.c.current_attempt, n.c.state,
         channel, n.c.error_kind, sequence, at, literal(PENDING), literal(0), at,
-    ).where(n.c.id == notification_id, n.c.state.in_(list(EVENT_OF_STATE)))
-    session.execute(insert_for(session)(CALLBACKS).from_select(list(_COLUMNS), source)
-                    .on_conflict_do_nothing(index_elements=["notification_id", "type", "attempt"]))
+    ).where(n.c.id == bindparam("notification_id"), n.c.state.in_(list(EVENT_OF_STATE)))
+    return (dialect_insert(dialect)(CALLBACKS).from_select(list(_COLUMNS), source)
+            .on_conflict_do_nothing(index_elements=["notification_id", "type", "attempt"]))

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
-from dispatcher.store.db import BoundCondition, insert_for
+from dispatcher.store.built_once import built_once
+from dispatcher.store.db import BoundCondition, dialect_insert
 from dispatcher.store.models import Attempt, Notification, table_of
 
 NOTIFICATIONS = table_of(Notification)
@@ -204,16 +205,10 @@ def cancel(session: Session, *, notification_id: int, number: int, route: str, c
     when no run has made it (``route`` and ``channel`` are then the first attempt's), locking it
     in the order every other move does, attempt before notification. Raises :class:`CancelLost`
     when the notification moved meanwhile (its caller's transaction must not commit)."""
-    failed = {"state": _ends_in("cancel", "attempt", AttemptState.FAILED), "error_kind": CANCELLED,
-              "error_detail": _detail(detail), "lease_until": None, "status_at": now, "updated_at": now}
-    taken = session.execute(
-        insert_for(session)(ATTEMPTS)
-        .values(notification_id=notification_id, workspace=_workspace_of(notification_id), number=number,
-                route=route, channel=channel, tries=0, runs=0, created_at=now, **failed)
-        .on_conflict_do_update(index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number], set_=failed,
-                               where=ATTEMPTS.c.state.in_(_starts_for("cancel", "attempt", AttemptState.FAILED)))
-        .returning(ATTEMPTS.c.id)
-    ).scalar_one_or_none()
+    taken = session.execute(_CANCEL_ATTEMPT(session), {
+        "notification_id": notification_id, "number": number, "route": route, "channel": channel,
+        "state": _ends_in("cancel", "attempt", AttemptState.FAILED), "error_detail": _detail(detail), "now": now,
+    }).scalar_one_or_none()
     if taken is None:
         return False
     moved = session.execute(
@@ -227,6 +222,23 @@ def cancel(session: Session, *, notification_id: int, number: int, route: str, c
         raise CancelLost(notification_id)
     announce(session, notification_id, now=now)
     return True
+
+
+@built_once
+def _CANCEL_ATTEMPT(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
+    """:func:`cancel`'s write of the attempt: made failed, or a queued one made failed (an upsert)."""
+    now = bindparam("now", type_=ATTEMPTS.c.created_at.type)
+    statement = dialect_insert(dialect)(ATTEMPTS).values(
+        notification_id=bindparam("notification_id"), workspace=_workspace_of(bindparam("notification_id")),
+        number=bindparam("number"), route=bindparam("route"), channel=bindparam("channel"), tries=0, runs=0,
+        created_at=now, state=bindparam("state"), error_kind=CANCELLED, error_detail=bindparam("error_detail"),
+        lease_until=None, status_at=now, updated_at=now)
+    failed = {column: statement.excluded[column]
+              for column in ("state", "error_kind", "error_detail", "lease_until", "status_at", "updated_at")}
+    return (statement.on_conflict_do_update(
+        index_elements=[ATTEMPTS.c.notification_id, ATTEMPTS.c.number], set_=failed,
+        where=ATTEMPTS.c.state.in_(_starts_for("cancel", "attempt", AttemptState.FAILED)))
+        .returning(ATTEMPTS.c.id))
 
 
 def _claimable(attempt_id: Any, seen_claims: Any, now: Any) -> Any:
@@ -752,13 +764,21 @@ def _new_attempt(session: Session, move: str, *, notification_id: int, number: i
                  route: str, channel: str, now: datetime) -> None:
     """The attempt a decision, a template resend or a retry makes (queued; kept when a repeat of the
     move finds it made)."""
-    session.execute(insert_for(session)(ATTEMPTS).values(
-        notification_id=notification_id, workspace=_workspace_of(notification_id), number=number, purpose=purpose,
-        route=route, channel=channel,
-        state=_ends_in(move, "attempt", AttemptState.QUEUED), tries=0, created_at=now, updated_at=now,
-    ).on_conflict_do_nothing())
+    session.execute(_NEW_ATTEMPT(session), {"notification_id": notification_id, "number": number, "purpose": purpose,
+                                            "route": route, "channel": channel,
+                                            "state": _ends_in(move, "attempt", AttemptState.QUEUED), "now": now})
 
 
-def _workspace_of(notification_id: int) -> Any:
+@built_once
+def _NEW_ATTEMPT(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
+    now = bindparam("now", type_=ATTEMPTS.c.created_at.type)
+    return dialect_insert(dialect)(ATTEMPTS).values(
+        notification_id=bindparam("notification_id"), workspace=_workspace_of(bindparam("notification_id")),
+        number=bindparam("number"), purpose=bindparam("purpose"), route=bindparam("route"),
+        channel=bindparam("channel"), state=bindparam("state"), tries=0, created_at=now, updated_at=now,
+    ).on_conflict_do_nothing()
+
+
+def _workspace_of(notification_id: Any) -> Any:
     """The notification's workspace, for its attempt's row: a subquery of the insert itself."""
     return select(NOTIFICATIONS.c.workspace).where(NOTIFICATIONS.c.id == notification_id).scalar_subquery()

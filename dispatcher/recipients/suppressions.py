@@ -22,7 +22,8 @@ from sqlalchemy import bindparam, delete, exists, false, or_, select, true, tupl
 from sqlalchemy.orm import Session
 
 from dispatcher.store.account import Account, of_account
-from dispatcher.store.db import BoundCondition, insert_for
+from dispatcher.store.built_once import built_once
+from dispatcher.store.db import BoundCondition, dialect_insert, insert_for
 from dispatcher.store.models import Consent, KnownContact, Suppression, SuppressionChange, table_of
 
 SUPPRESSIONS = table_of(Suppression)
@@ -68,6 +69,28 @@ class SuppressionRecord:
     since: datetime
 
 
+_SUPPRESSION_COLUMNS = ("instance", "account_id", "recipient_key", "channel", "category", "reason", "since")
+
+
+def _suppress_statement(dialect: str, *, taking_over: bool) -> Any:
+    """:func:`suppress`'s insert. ``taking_over``: the host's word replaces another reason's row in
+    the scope. RETURNING: a row only when inserted or taken over (PostgreSQL's rowcount counts
+    skipped conflicts)."""
+    statement = dialect_insert(dialect)(SUPPRESSIONS).values({column: bindparam(column) for column in _SUPPRESSION_COLUMNS})
+    if taking_over:
+        statement = statement.on_conflict_do_update(
+            index_elements=[SUPPRESSIONS.c.instance, SUPPRESSIONS.c.account_id, SUPPRESSIONS.c.recipient_key,
+                            SUPPRESSIONS.c.channel, SUPPRESSIONS.c.category],
+            set_={"reason": statement.excluded.reason}, where=SUPPRESSIONS.c.reason != statement.excluded.reason)
+    else:
+        statement = statement.on_conflict_do_nothing()
+    return statement.returning(SUPPRESSIONS.c.recipient_key)
+
+
+_SUPPRESS_TAKING_OVER = built_once(functools.partial(_suppress_statement, taking_over=True))
+_SUPPRESS = built_once(functools.partial(_suppress_statement, taking_over=False))
+
+
 def suppress(session: Session, *, account: Account, keys: Sequence[str], scope: Scope, reason: Reason,
              now: datetime) -> int:
     """Record the opt-out for each key; answer how many keys were not suppressed in that scope yet.
@@ -75,19 +98,11 @@ def suppress(session: Session, *, account: Account, keys: Sequence[str], scope: 
     The host's word takes over a row a reply or the provider recorded in the same scope (so that a
     later START, which lifts only those, cannot undo it); nothing else replaces an existing row."""
     added = 0
+    statement = _SUPPRESS_TAKING_OVER if reason is Reason.HOST else _SUPPRESS
     for key in keys:
-        statement = insert_for(session)(SUPPRESSIONS).values(
-            **account.columns, recipient_key=key, channel=scope.channel, category=scope.category,
-            reason=reason.value, since=now)
-        if reason is Reason.HOST:
-            statement = statement.on_conflict_do_update(
-                index_elements=[SUPPRESSIONS.c.instance, SUPPRESSIONS.c.account_id, SUPPRESSIONS.c.recipient_key, SUPPRESSIONS.c.channel,
-                                SUPPRESSIONS.c.category],
-                set_={"reason": reason.value}, where=SUPPRESSIONS.c.reason != reason.value)
-        else:
-            statement = statement.on_conflict_do_nothing()
-        # RETURNING: a row only when inserted or taken over (PostgreSQL's rowcount counts skipped conflicts)
-        inserted = session.execute(statement.returning(SUPPRESSIONS.c.recipient_key)).first()
+        inserted = session.execute(statement(session), {
+            **account.columns, "recipient_key": key, "channel": scope.channel, "category": scope.category,
+            "reason": reason.value, "since": now}).first()
         if inserted is not None:
             added += 1
             _audit(session, account, key, scope, "suppressed", reason, now)

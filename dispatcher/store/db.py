@@ -116,7 +116,12 @@ class BoundCondition:
 
 def insert_for(session: Session) -> Any:
     """The dialect's INSERT (PostgreSQL's or SQLite's), the one with ON CONFLICT clauses."""
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(session.get_bind().dialect.name)
+
+
+def dialect_insert(dialect: str) -> Any:
+    """:func:`insert_for` by the dialect's name (a statement :func:`~dispatcher.store.built_once.built_once` builds)."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 def require_existing_store(database_url: str) -> None:

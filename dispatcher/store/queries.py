@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, bindparam, delete, exists, func, or_, select, text, true, update
+from sqlalchemy import Row, Table, bindparam, delete, exists, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle import moves
@@ -29,7 +29,8 @@ from dispatcher.lifecycle.states import (
 from dispatcher.policy import channels as channel_rules
 from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.store.account import Account, of_account
-from dispatcher.store.db import insert_for
+from dispatcher.store.built_once import BuiltOnce, built_once
+from dispatcher.store.db import dialect_insert
 from dispatcher.store.models import (
     AppliedStatus,
     Attempt,
@@ -115,8 +116,14 @@ def content_hash(content: str) -> str:
 
 def _insert_ignoring_conflict(session: Session, model: type[Any], values: dict[str, Any]) -> None:
     """INSERT that leaves an existing row alone: the first writer wins, the others read its value."""
-    insert = insert_for(session)
-    session.execute(insert(model).values(**values).on_conflict_do_nothing())
+    session.execute(_insert_ignoring_conflict_statement(table_of(model), tuple(values))(session), values)
+
+
+@functools.cache
+def _insert_ignoring_conflict_statement(table: Table, columns: tuple[str, ...]) -> BuiltOnce:
+    """:func:`_insert_ignoring_conflict`'s statement for a table and its given columns, built once."""
+    return built_once(lambda dialect: dialect_insert(dialect)(table)
+                      .values({column: bindparam(column) for column in columns}).on_conflict_do_nothing())
 
 
 def commit_without_waiting(session: Session) -> None:
@@ -403,18 +410,23 @@ def known_source_id(session: Session, *, account: Account, contact_id: int, inbo
     return None if stored == SOURCE_ID_USED else stored
 
 
-def remember_source_id(session: Session, *, account: Account, contact_id: int, inbox_id: int, source_id: str) -> str:
-    """Store the first source_id seen for the pair (or replace the mark of a used one) and return the
-    stored one (maybe a racer's)."""
-    insert = insert_for(session)
+@built_once
+def _REMEMBER_SOURCE_ID(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
     table = table_of(ContactInbox)
-    statement = insert(table).values(**account.columns, contact_id=contact_id, inbox_id=inbox_id,
-                                     source_id=source_id)
-    session.execute(statement.on_conflict_do_update(
+    statement = dialect_insert(dialect)(table).values(
+        {column: bindparam(column) for column in ("instance", "account_id", "contact_id", "inbox_id", "source_id")})
+    return statement.on_conflict_do_update(
         index_elements=[table.c.instance, table.c.account_id, table.c.contact_id, table.c.inbox_id],
         set_={"source_id": statement.excluded.source_id},
         where=table.c.source_id == SOURCE_ID_USED,
-    ))
+    )
+
+
+def remember_source_id(session: Session, *, account: Account, contact_id: int, inbox_id: int, source_id: str) -> str:
+    """Store the first source_id seen for the pair (or replace the mark of a used one) and return the
+    stored one (maybe a racer's)."""
+    session.execute(_REMEMBER_SOURCE_ID(session), {**account.columns, "contact_id": contact_id, "inbox_id": inbox_id,
+                                                   "source_id": source_id})
     stored = known_source_id(session, account=account, contact_id=contact_id, inbox_id=inbox_id)
     assert stored is not None
     return stored
@@ -624,18 +636,19 @@ def record_applied_statuses(session: Session, workspace: str,
 
 def open_service_window(session: Session, *, account: Account, contact_id: int, inbox_id: int, at: datetime) -> None:
     """Record an incoming message's time for the pair; an older report never moves it back."""
-    dialect = session.get_bind().dialect.name
-    insert = insert_for(session)
-    statement = insert(ServiceWindow).values(
-        **account.columns, contact_id=contact_id, inbox_id=inbox_id, last_incoming_at=at
-    )
-    session.execute(
-        statement.on_conflict_do_update(
-            index_elements=[ServiceWindow.instance, ServiceWindow.account_id, ServiceWindow.contact_id, ServiceWindow.inbox_id],
-            set_={"last_incoming_at": func.max(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)}
-            if dialect == "sqlite"
-            else {"last_incoming_at": func.greatest(ServiceWindow.last_incoming_at, statement.excluded.last_incoming_at)},
-        )
+    session.execute(_OPEN_SERVICE_WINDOW(session), {**account.columns, "contact_id": contact_id, "inbox_id": inbox_id,
+                                                    "last_incoming_at": at})
+
+
+@built_once
+def _OPEN_SERVICE_WINDOW(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
+    table = table_of(ServiceWindow)
+    statement = dialect_insert(dialect)(table).values(
+        {column: bindparam(column) for column in ("instance", "account_id", "contact_id", "inbox_id", "last_incoming_at")})
+    later = func.max if dialect == "sqlite" else func.greatest  # SQLite's two-argument max is PostgreSQL's greatest
+    return statement.on_conflict_do_update(
+        index_elements=[table.c.instance, table.c.account_id, table.c.contact_id, table.c.inbox_id],
+        set_={"last_incoming_at": later(table.c.last_incoming_at, statement.excluded.last_incoming_at)},
     )
 
 

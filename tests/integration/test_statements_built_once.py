@@ -1,0 +1,110 @@
+"""The hot paths compile no statement once they are warm (issue 46: statements built once).
+
+SQLAlchemy compiles a statement without a cache key (every ``INSERT ... ON CONFLICT``) on every
+execution; :mod:`dispatcher.store.built_once` writes those once. Given a store and a sandbox on
+SQLite and on PostgreSQL, one round of the send, the receiver and the consumer warms the process;
+a second round, with new events and a new patient, must compile nothing: a new contact, warm
+sends, deliveries recorded as a burst, delivered, read, a failure that falls back and the
+fallback's send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.context import SendContext
+from dispatcher.enqueue import ListEnqueuer
+from dispatcher.intake import accept as intake
+from dispatcher.intake.request import parse_request
+from dispatcher.sending.send import Outcome
+from dispatcher.store import queries as store
+from dispatcher.store.built_once import count_compilations
+from dispatcher.store.models import utcnow
+from dispatcher.tracking.reconcile import process_deliveries
+from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
+from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
+from tests.support.sandbox_process import SandboxProcess, running_sandbox
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[SandboxProcess]:
+    with running_sandbox() as process:
+        yield process
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def context(request: pytest.FixtureRequest, sandbox: SandboxProcess, tmp_path: Path,
+            clean_environment: pytest.MonkeyPatch) -> Iterator[SendContext]:
+    sandbox.reset()
+    if request.param == "sqlite":
+        database_url = f"sqlite:///{tmp_path}/dispatcher.sqlite"
+    else:
+        database_url = request.getfixturevalue("fresh_postgres_url")
+    with send_context(example_settings(api_url=sandbox.base_url, database_url=database_url)) as ctx:
+        ctx.enqueuer = ListEnqueuer()
+        yield ctx
+
+
+def _handed_over_and_sent(ctx: SendContext, event_id: str, patient: str) -> tuple[int, int]:
+    request = reminder(event_id, identifier=patient, phone=f"+1555041{abs(hash(patient)) % 10000:04d}")
+    intake.accept(parse_request(request), sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
+    with ctx.sessions() as session:
+        notification = store.find_notification_by_event(session, event_id)
+        assert notification is not None
+        notification_id = notification.id
+    assert drive(ctx, notification_id)[-1].outcome is Outcome.ACCEPTED
+    message_id = intake.status(ctx.sessions, event_id).message_id
+    assert message_id is not None
+    return notification_id, message_id
+
+
+def _updated(delivery_id: str, message_id: int, status: str, external_error: str | None = None) -> NewDelivery:
+    summary: dict[str, Any] = {"event": "message_updated", "message_id": message_id, "status": status}
+    if external_error is not None:
+        summary["external_error"] = external_error
+    return NewDelivery(delivery_id, "message_updated", summary, utcnow())
+
+
+def _a_round(ctx: SendContext, name: str) -> None:
+    """A new patient's three reminders (the first resolves the contact; two warm sends), their
+    outcomes recorded as one burst and applied as one group, and the fallback of the one that failed."""
+    patient = f"patient-{name}"
+    sent = [_handed_over_and_sent(ctx, f"{name}-{n}", patient) for n in range(3)]
+    (_, delivered), (_, read), (falls_back, failed) = sent
+    rows = record_deliveries(ctx.sessions, [
+        _updated(f"{name}-d", delivered, "delivered"),
+        _updated(f"{name}-r1", read, "delivered"),
+        _updated(f"{name}-r2", read, "read"),
+        _updated(f"{name}-f", failed, "failed", "131026 (#131026) Message undeliverable"),
+    ])
+    assert None not in rows
+    result = process_deliveries([row for row in rows if row is not None], ctx, ctx.enqueuer)
+    assert result.words == {"applied_delivered": 2, "applied_read": 1, "fallback": 1}, result.words
+    assert drive(ctx, falls_back)[-1].outcome is Outcome.ACCEPTED  # the SMS fallback
+    assert intake.status(ctx.sessions, f"{name}-2").fallback_decision == "fallback"
+
+
+def test_a_warm_process_compiles_no_statement_to_send_record_or_apply_outcomes(context: SendContext) -> None:
+    _a_round(context, "warm-up")
+    with count_compilations(context.sessions.kw["bind"]) as compiled:
+        _a_round(context, "measured")
+    assert dict(compiled) == {}
+
+
+def test_the_count_sees_a_statement_compiled_on_every_execution(context: SendContext) -> None:
+    """The count is not blind: an ``INSERT ... ON CONFLICT`` built as Core each time is counted each time."""
+    from dispatcher.store.db import insert_for
+    from dispatcher.store.models import SpentEvent, table_of
+
+    table = table_of(SpentEvent)
+    with context.sessions.begin() as session, count_compilations(context.sessions.kw["bind"]) as compiled:
+        for n in range(2):
+            session.execute(insert_for(session)(table).values(event_key=f"k{n}", spent_until=utcnow())
+                            .on_conflict_do_nothing())
+    assert sum(compiled.values()) == 2
