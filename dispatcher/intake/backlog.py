@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.store.queries import count_waiting_for_a_worker
+from dispatcher.lifecycle.worklists import count_waiting_for_a_worker
 
 RECOUNT_AFTER_S = 1.0
 

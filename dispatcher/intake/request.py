@@ -14,7 +14,6 @@ import re
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -25,56 +24,16 @@ from pydantic import (
 )
 
 from dispatcher.errors import InvalidEvent
-from dispatcher.policy.quiet_hours import ZoneName
 from dispatcher.queues import Priority
-from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
+from dispatcher.recipients.contact import PLAIN
+from dispatcher.recipients.contact import ContactDetails as ContactDetails  # part of the request, kept importable from here
+from dispatcher.store.db import UNSTORABLE_TEXT
 
-E164 = re.compile(r"^\+[1-9]\d{6,14}$")
-EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]{2,63}$")
-EMAIL_MAX_CHARS = 254  # RFC 5321's longest address; the workspace keeps e-mail in a 255-character column
 MAX_METADATA_KEYS = 20
 INT64 = 2**63 - 1
 
-
-def _plain_text(value: str) -> str:
-    if UNSTORABLE_TEXT.search(value):
-        raise ValueError("must not hold a NUL character or an unpaired surrogate")
-    return value
-
-
-PLAIN = AfterValidator(_plain_text)
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
 MetadataValue = Annotated[str, StringConstraints(max_length=200)] | int | float | bool  # checked further below
-
-
-def check_addresses(phone_number: str | None, email: str | None) -> None:
-    """A phone number in E.164 form and an e-mail address that looks like one (messages name the
-    field, never the value)."""
-    if phone_number is not None and not E164.match(phone_number):
-        raise ValueError("phone_number: must be in E.164 form, such as +15551234567")
-    if email is not None and not EMAIL.match(email):
-        raise ValueError("email: is not an e-mail address")
-
-
-class ContactDetails(BaseModel):
-    """Who receives it. The identifier is the host's stable contact ID; a phone is E.164."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
-
-    identifier: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200), PLAIN] | None = None
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200), PLAIN] | None = Field(
-        default=None, repr=False
-    )
-    phone_number: str | None = Field(default=None, repr=False)
-    email: Annotated[str, StringConstraints(max_length=EMAIL_MAX_CHARS), PLAIN] | None = Field(default=None, repr=False)
-    time_zone: ZoneName | None = None  # IANA; a route's send window is read in it (docs/notifications.md)
-
-    @model_validator(mode="after")
-    def _reachable(self) -> ContactDetails:
-        check_addresses(self.phone_number, self.email)
-        if self.identifier is None and self.phone_number is None:
-            raise ValueError("identifier: give at least an identifier or a phone_number")
-        return self
 
 
 class TemplateChoice(BaseModel):

@@ -128,8 +128,15 @@ def create_many(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
     return {event_id: notification_id for notification_id, event_id in inserted}
 
 
+# What a run reads of the attempt it opens (the send path's guards and its recovery).
+SEND_COLUMNS = (
+    ATTEMPTS.c.id, ATTEMPTS.c.state, ATTEMPTS.c.tries, ATTEMPTS.c.lease_until, ATTEMPTS.c.conversation_id,
+    ATTEMPTS.c.content_hash, ATTEMPTS.c.in_flight_since, ATTEMPTS.c.error_kind, ATTEMPTS.c.claims, ATTEMPTS.c.runs,
+)
+
+
 def open_attempt(session: Session, *, notification_id: int, number: int, route: str, channel: str, now: datetime,
-                 columns: tuple[Any, ...]) -> Row[Any]:
+                 columns: tuple[Any, ...] = SEND_COLUMNS) -> Row[Any]:
     """Make the attempt (queued) or, when it exists, count one more run: one statement either way.
 
     The run is counted before it does anything, so a task that keeps dying mid-run is seen

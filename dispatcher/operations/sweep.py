@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import RelayEnqueuer
-from dispatcher.lifecycle import moves
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.queues import Priority, send_queue
 from dispatcher.store import queries as store
 from dispatcher.store.models import utcnow
@@ -76,7 +76,7 @@ def send_queue_empty(enqueuer: RelayEnqueuer) -> bool:
 def _relay_one_batch(sessions: sessionmaker[Session], enqueuer: RelayEnqueuer, *, stale_after_s: float,
                      now: datetime, queue_empty: bool) -> tuple[int, int]:
     with sessions.begin() as session:
-        rows = store.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH,
+        rows = worklists.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH,
                                      send_queue_empty=queue_empty)
         ids = [row.id for row in rows]
         moves.release_due(session, ids, now=now)
@@ -92,7 +92,7 @@ def _relay_one_batch(sessions: sessionmaker[Session], enqueuer: RelayEnqueuer, *
     return len(ids), len(published)
 
 
-def lanes_of(rows: list[store.DueRow]) -> dict[str, list[int]]:
+def lanes_of(rows: list[worklists.DueRow]) -> dict[str, list[int]]:
     """The rows' IDs by the queue of their workspace and priority, in the rows' order."""
     lanes: dict[str, list[int]] = {}
     for row in rows:

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, 
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent
-from dispatcher.intake.request import EMAIL_MAX_CHARS, PLAIN, check_addresses
 from dispatcher.recipients import suppressions
+from dispatcher.recipients.contact import EMAIL_MAX_CHARS, PLAIN, check_addresses
 from dispatcher.recipients.keys import recipient_keys
 from dispatcher.recipients.suppressions import ALL, Reason, Scope, SuppressionRecord
 from dispatcher.settings import ChannelKind, Settings

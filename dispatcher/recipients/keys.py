@@ -7,7 +7,7 @@ contact is known, and neither can be read back from the store.
 
 from __future__ import annotations
 
-from dispatcher.intake.request import ContactDetails
+from dispatcher.recipients.contact import ContactDetails
 from dispatcher.store.queries import identity_key
 
 

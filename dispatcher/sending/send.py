@@ -41,6 +41,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, reports_read, template_params
+from dispatcher.policy.channels import window_open as service_window_open
 from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
@@ -324,7 +325,7 @@ def _fail_past_deadline(session: Session, row: Any, held: _Job | None, pause: Pa
     """The workspace stayed away past the send deadline: the current attempt fails with the pause's reason."""
     number, route_name, purpose = _current_attempt(row)
     route = ctx.settings.routes.get(route_name)
-    attempt = store.open_attempt(session, notification_id=row.id, number=number, route=route_name,
+    attempt = moves.open_attempt(session, notification_id=row.id, number=number, route=route_name,
                                  channel=route.channel.value if route else "unknown", now=now)
     error_kind, detail = pause.reason, f"past the send deadline: {pause.detail}"
     if attempt.state in (AttemptState.IN_FLIGHT, AttemptState.UNKNOWN):
@@ -372,7 +373,7 @@ def _load(notification_id: int, ctx: SendContext) -> _Job | SendResult | _OwedDe
         route = ctx.settings.routes.get(route_name)
         if route is None:
             return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
-        attempt = store.open_attempt(
+        attempt = moves.open_attempt(
             session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
         )
         if attempt.state == AttemptState.FAILED:
@@ -493,10 +494,11 @@ def _start_if_known(session: Session, job: _Job, ctx: SendContext, *, now: datet
     inbox = ctx.inboxes.cached(job.route)
     if inbox is None:
         return job
-    contact_id, source_id, conversation_id, window = store.cached_target(
+    contact_id, source_id, conversation_id, last_incoming = store.cached_target(
         session, account=ctx.settings.account, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
-        inbox_id=inbox.id, now=now
+        inbox_id=inbox.id
     )
+    window = service_window_open(last_incoming, now=now)
     if contact_id is None or source_id is None or conversation_id is None:
         return job
     target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
@@ -599,9 +601,8 @@ def _send(job: _Job, ctx: SendContext) -> SendResult:
         source_id = resolve_source_id(ctx, contact_id=contact_id, inbox_id=inbox.id, returned=returned_source_id)
         conversation_id = resolve_conversation(ctx, contact_id=contact_id, inbox_id=inbox.id, source_id=source_id)
     with ctx.sessions() as session:
-        window = store.window_open(
-            session, account=ctx.settings.account, contact_id=contact_id, inbox_id=inbox.id, now=ctx.clock()
-        )
+        window = service_window_open(store.last_incoming_at(session, account=ctx.settings.account, contact_id=contact_id,
+                                                    inbox_id=inbox.id), now=ctx.clock())
     body = _message_body(job, ctx, window_open=window)
     target = _Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
     now = ctx.clock()

@@ -26,7 +26,7 @@ from dispatcher.api import ApiError
 from dispatcher.context import READS_BUCKET, SendContext, Wait, call_api, readback_plan_of
 from dispatcher.enqueue import Enqueuer
 from dispatcher.intake.request import SendPayload
-from dispatcher.lifecycle import moves
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.lifecycle.states import (
     AFTER_DECISION_PURPOSES,
     AttemptPurpose,
@@ -484,7 +484,7 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     a failed fallback or retry whose notification is not ended is ended. Both are idempotent.
     """
     with ctx.sessions() as session:
-        undecided = store.undecided_failures(session, failed_before=failed_before, limit=limit,
+        undecided = worklists.undecided_failures(session, failed_before=failed_before, limit=limit,
                                              workspace=ctx.settings.workspace_name)
     for notification_id, purpose, error_kind, error_detail in undecided:
         _finish_failure(notification_id, purpose, error_kind, error_detail, ctx, enqueuer)
@@ -497,7 +497,7 @@ def finish_owed_decision(notification_id: int, ctx: SendContext, enqueuer: Enque
     makes it, rather than leave it to the sweep. Idempotent: the decision is a compare-and-set.
     None when nothing is owed."""
     with ctx.sessions() as session:
-        owed = store.undecided_failures(session, failed_before=None, limit=1, workspace=ctx.settings.workspace_name,
+        owed = worklists.undecided_failures(session, failed_before=None, limit=1, workspace=ctx.settings.workspace_name,
                                         notification_id=notification_id)
     if not owed:
         return None
@@ -599,20 +599,20 @@ def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> 
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.message_id is None:
             return "ignored"
-        read = store.DueRead(attempt.id, attempt.message_id, attempt.conversation_id, attempt.state, attempt.accepted_at,
+        read = worklists.DueRead(attempt.id, attempt.message_id, attempt.conversation_id, attempt.state, attempt.accepted_at,
                              attempt.channel)
     found, _, unreadable = _read_for(ctx, read.conversation_id, read.message_id)
     return _after_read(read, found.get(read.message_id), ctx, enqueuer, unreadable=unreadable)
 
 
-def reconcile_due(reads: list[store.DueRead], ctx: SendContext, enqueuer: Enqueuer) -> dict[str, int]:
-    """Read back attempts a sweep took (:func:`dispatcher.store.queries.take_due_reads`): one read
+def reconcile_due(reads: list[worklists.DueRead], ctx: SendContext, enqueuer: Enqueuer) -> dict[str, int]:
+    """Read back attempts a sweep took (:func:`dispatcher.lifecycle.worklists.take_due_reads`): one read
     of the message list per conversation answers every one of them on its page (reminders to one
     patient share a conversation); an attempt older than that page gets a read of its own. Each
     gets its next read scheduled, also after a failed read. Raises :class:`Wait` when the shared
     limiter says not now, after handing the attempts not yet read back to the next sweep."""
     results: dict[str, int] = {}
-    by_conversation: dict[int | None, list[store.DueRead]] = {}
+    by_conversation: dict[int | None, list[worklists.DueRead]] = {}
     for read in reads:
         by_conversation.setdefault(read.conversation_id, []).append(read)
     done: set[int] = set()
@@ -652,7 +652,7 @@ def _read_for(ctx: SendContext, conversation_id: int | None, message_id: int) ->
     return found, listed, False
 
 
-def _after_read(read: store.DueRead, outcome: Outcome | None, ctx: SendContext, enqueuer: Enqueuer, *,
+def _after_read(read: worklists.DueRead, outcome: Outcome | None, ctx: SendContext, enqueuer: Enqueuer, *,
                 unreadable: bool) -> str:
     state = AttemptState(read.state)
     if outcome is None or outcome.status is None:

@@ -26,7 +26,9 @@ from sqlalchemy.orm import Session
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
+from dispatcher.lifecycle import worklists
 from dispatcher.policy.breaker import pause_reason
+from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries, row_of
@@ -61,7 +63,7 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
         publish_outcome(delivery_row_id)
         report.republished += 1
     with ctx.sessions.begin() as session:
-        reads = store.take_due_reads(session, now=ctx.clock(), limit=BATCH,
+        reads = worklists.take_due_reads(session, now=ctx.clock(), limit=BATCH, states=READ_BACK_STATES,
                                      hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S),
                                      workspace=ctx.settings.workspace_name)
     try:
@@ -70,7 +72,7 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
         pass  # the shared limiter is paused: the rest waits for the next sweep; deadlines go on
     for name, route in ctx.settings.routes.items():
         with ctx.sessions() as session:
-            late = store.attempts_past_deadline(
+            late = worklists.attempts_past_deadline(
                 session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH,
                 workspace=ctx.settings.workspace_name,
             )
@@ -83,7 +85,7 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
     return report
 
 
-def _decide_at_deadline(attempt: store.LateAttempt, deadline_s: float, ctx: SendContext, enqueuer: Enqueuer) -> str:
+def _decide_at_deadline(attempt: worklists.LateAttempt, deadline_s: float, ctx: SendContext, enqueuer: Enqueuer) -> str:
     """Read the message back once, then decide. A lost delivery report must not bring a fallback to
     someone who has the message, and the scheduled read-backs may come later than the deadline.
     A read that fails puts the decision off to a later sweep, for at most ``reconcile_max_interval_s``

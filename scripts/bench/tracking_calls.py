@@ -197,7 +197,7 @@ def unsettled(engine: sa.Engine, phase: str) -> int:
 
 def reads_scheduled(engine: sa.Engine, phase: str) -> int:
     """The phase's attempts a read-back is still scheduled for, as the tracking sweep chooses them
-    (dispatcher.store.queries.take_due_reads, without the 'due now')."""
+    (dispatcher.lifecycle.worklists.take_due_reads, without the 'due now')."""
     from dispatcher.lifecycle.states import AFTER_DECISION_PURPOSES
     from dispatcher.policy.readback import READ_BACK_STATES
     from dispatcher.store.models import Attempt, Notification

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.policy.channels import window_open
 from dispatcher.store import queries as store
 from dispatcher.store.account import Account
 from dispatcher.store.db import make_engine, session_factory
@@ -63,8 +64,9 @@ def test_the_service_window_only_moves_forward(fresh_postgres_url: str) -> None:
             store.open_service_window(session, account=ACCOUNT, contact_id=2, inbox_id=3, at=now)
             store.open_service_window(session, account=ACCOUNT, contact_id=2, inbox_id=3, at=now - timedelta(hours=30))
         with sessions() as session:
-            assert store.window_open(session, account=ACCOUNT, contact_id=2, inbox_id=3, now=now + timedelta(hours=23))
-            assert not store.window_open(session, account=ACCOUNT, contact_id=2, inbox_id=3, now=now + timedelta(hours=25))
+            last = store.last_incoming_at(session, account=ACCOUNT, contact_id=2, inbox_id=3)
+            assert window_open(last, now=now + timedelta(hours=23))
+            assert not window_open(last, now=now + timedelta(hours=25))
     finally:
         engine.dispose()
 

@@ -1,28 +1,39 @@
 """The folders of dispatcher/ keep their order: imports point down the flow, never back up.
 
-intake, sending and tracking stand over the lifecycle, the store, policy and the API client; the
-operator's tools stand apart. The check reads every module's imports (top level and inside
-functions) and is tried against a planted import, so a reader that sees nothing cannot pass.
+Every folder (subpackage) is named here with the folders it may import: intake, sending and
+tracking stand over the recipients, policy, the lifecycle, the store and the API client; the
+lifecycle stands on the store, which imports no other folder (issue 46: the store knows tables and
+rows, the lifecycle what a state means); the operator's tools stand apart. A new folder, or a new
+import across folders, is a decision made here. The imports that are left may form no cycle.
+The check reads every module's imports (top level and inside functions) and is tried against a
+planted import, so a reader that sees nothing cannot pass.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "dispatcher"
-FLOW = ("intake", "sending", "tracking")
-FOUNDATIONS = ("lifecycle", "store", "policy", "api")
-# folder -> folders of dispatcher/ it must never import
-NEVER: dict[str, tuple[str, ...]] = {
-    **{folder: ("operations",) for folder in FLOW},
-    **{folder: (*FLOW, "operations") for folder in FOUNDATIONS},
+# folder -> the folders of dispatcher/ it may import (the modules at dispatcher/'s top are not folders)
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "api": (),
+    "store": (),
+    "lifecycle": ("store",),
+    "policy": ("api", "lifecycle"),
+    "recipients": ("policy", "store"),
+    "callbacks": ("store",),
+    "intake": ("lifecycle", "policy", "recipients", "store"),
     # what happened to a message is learned after it was sent: tracking asks nothing of the send path
-    "tracking": ("sending", "operations"),
+    "tracking": ("api", "intake", "lifecycle", "policy", "recipients", "store"),
+    "sending": ("api", "intake", "lifecycle", "policy", "recipients", "store", "tracking"),
+    "operations": ("api", "callbacks", "intake", "lifecycle", "policy", "store"),
 }
+FOLDERS = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
 
 
 def imported_modules(source: str) -> list[str]:
@@ -37,23 +48,76 @@ def imported_modules(source: str) -> list[str]:
     return found
 
 
+def folders_imported(folder: str, source: str) -> set[str]:
+    """The other folders of dispatcher/ that ``source``, a module of ``folder``, imports."""
+    return {name.split(".")[1] for name in imported_modules(source)
+            if name.startswith("dispatcher.") and name.split(".")[1] in FOLDERS and name.split(".")[1] != folder}
+
+
 def forbidden_imports(folder: str, source: str) -> list[str]:
-    banned = tuple(f"dispatcher.{other}" for other in NEVER[folder])
+    banned = tuple(f"dispatcher.{other}" for other in FOLDERS if other != folder and other not in MAY_IMPORT[folder])
     return [name for name in imported_modules(source) if any(name == b or name.startswith(b + ".") for b in banned)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Folder -> the folders its modules import, read from the files."""
+    return {folder: set().union(*(folders_imported(folder, path.read_text()) for path in (PACKAGE / folder).rglob("*.py")))
+            for folder in FOLDERS}
+
+
+def a_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as the folders along it (the first repeated at the end), or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for other in sorted(graph.get(node, ())):
+            if state.get(other) == "open":
+                return path[path.index(other):] + [other]
+            if other not in state and (found := visit(other)) is not None:
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
 
 
 def test_a_planted_import_is_seen() -> None:
     assert forbidden_imports("store", "def f():\n    from dispatcher.sending import send\n") == [
         "dispatcher.sending", "dispatcher.sending.send"]
+    assert forbidden_imports("store", "from dispatcher.lifecycle.states import AttemptState\n") == [
+        "dispatcher.lifecycle.states", "dispatcher.lifecycle.states.AttemptState"]
     assert forbidden_imports("sending", "from dispatcher import operations\n") == ["dispatcher.operations"]
     assert forbidden_imports("sending", "from dispatcher.store import queries\n") == []
 
 
-def test_every_folder_named_here_exists() -> None:
-    assert all((PACKAGE / folder / "__init__.py").is_file() for folder in NEVER)
+def test_a_planted_cycle_is_seen() -> None:
+    assert a_cycle({"store": {"lifecycle"}, "lifecycle": {"store"}}) == ["lifecycle", "store", "lifecycle"]
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert a_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-@pytest.mark.parametrize("folder", sorted(NEVER))
+def test_every_folder_is_named_here() -> None:
+    """A new folder says what it may import; a folder named here exists."""
+    assert sorted(MAY_IMPORT) == FOLDERS
+    assert all(other in FOLDERS for allowed in MAY_IMPORT.values() for other in allowed)
+
+
+def test_the_allowed_imports_form_no_cycle() -> None:
+    assert a_cycle({folder: set(allowed) for folder, allowed in MAY_IMPORT.items()}) is None
+
+
+def test_the_imports_form_no_cycle() -> None:
+    assert a_cycle(import_graph()) is None
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_imports_point_down(folder: str) -> None:
     offending = {
         str(path.relative_to(REPO_ROOT)): names
@@ -73,3 +137,4 @@ def test_layout_reader_reads_real_files() -> None:
     # the send path does import the store: the reader sees real imports in real files
     send = (PACKAGE / "sending" / "send.py").read_text()
     assert any(name.startswith("dispatcher.store") for name in imported_modules(send))
+    assert "store" in import_graph()["lifecycle"]

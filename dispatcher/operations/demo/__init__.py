@@ -35,6 +35,7 @@ from dispatcher.errors import ConfigurationError
 from dispatcher.operations.demo.children import Children, children, free_port, port_is_free, wait_for_http
 from dispatcher.operations.demo.memory import DemoMemory
 from dispatcher.operations.demo.scenario import DUPLICATE_OF, SAMPLES, UNAPPROVED_TEMPLATE, Sample, reply_samples
+from dispatcher.policy.channels import window_open
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store import queries as store
@@ -256,8 +257,8 @@ def window_is_open(settings: Settings, event_id: str) -> bool:
         ).one_or_none()
         if pair is None or pair.contact_id is None or pair.inbox_id is None:
             return False
-        return store.window_open(session, account=settings.account, contact_id=pair.contact_id,
-                                 inbox_id=pair.inbox_id, now=utcnow())
+        return window_open(store.last_incoming_at(session, account=settings.account, contact_id=pair.contact_id,
+                                                  inbox_id=pair.inbox_id), now=utcnow())
 
 
 def _kinds_sent(settings: Settings) -> dict[int, str]:

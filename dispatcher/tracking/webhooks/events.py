@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dispatcher.intake.request import E164
 from dispatcher.policy.fallback import code_prefix
+from dispatcher.recipients.contact import E164
 from dispatcher.recipients.keys import recipient_keys
 from dispatcher.recipients.keywords import keyword_of
 

@@ -8,10 +8,9 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.lifecycle import moves
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
-from dispatcher.store import queries as store
 from dispatcher.store.models import Attempt, Notification
 from tests.integration.lifecycle.test_moves import NOW, TARGET, notification_of, put, sessions, states
 
@@ -125,7 +124,7 @@ def test_a_cancelled_notification_is_no_failure_waiting_for_its_decision(session
     with sessions.begin() as session:
         assert cancel(session, first) and cancel(session, fallback, number=2)
     with sessions() as session:
-        undecided = store.undecided_failures(session, failed_before=NOW + timedelta(days=1), limit=10)
+        undecided = worklists.undecided_failures(session, failed_before=NOW + timedelta(days=1), limit=10)
     assert [row[0] for row in undecided] == [waiting]
 
 
@@ -136,9 +135,9 @@ def test_a_notification_whose_workspace_left_is_set_aside_not_handed_over_foreve
         assert moves.set_aside(session, notification_id=notification_id, detail="its workspace is not configured",
                                now=NOW, error_kind=moves.WORKSPACE_UNCONFIGURED)
     with sessions.begin() as session:  # the sweep leaves it (it took it every stale_after_s before)
-        assert notification_id not in [row.id for row in store.due_for_enqueue(session, now=later, stale_before=later, limit=10,
+        assert notification_id not in [row.id for row in worklists.due_for_enqueue(session, now=later, stale_before=later, limit=10,
                                                             send_queue_empty=True)]
     with sessions.begin() as session:  # once the workspace is back, an operator's retry hands it over again
         assert moves.retry_set_aside(session, notification_id=notification_id, now=later)
-        assert notification_id in [row.id for row in store.due_for_enqueue(session, now=later, stale_before=later, limit=10,
+        assert notification_id in [row.id for row in worklists.due_for_enqueue(session, now=later, stale_before=later, limit=10,
                                                         send_queue_empty=True)]

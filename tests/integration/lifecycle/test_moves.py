@@ -15,10 +15,9 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.lifecycle import moves
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
-from dispatcher.store import queries as store
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification
@@ -247,14 +246,14 @@ def test_a_notification_set_aside_is_left_by_the_sweep_until_an_operator_retries
         session.execute(update(Attempt).where(Attempt.id == attempt_id).values(runs=21))
         assert moves.set_aside(session, notification_id=notification_id, detail="died 20 times", now=NOW)
     with sessions.begin() as session:
-        due = store.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10,
+        due = worklists.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10,
                                     send_queue_empty=True)
     assert notification_id not in [row.id for row in due]
     with sessions.begin() as session:
         assert moves.retry_set_aside(session, notification_id=notification_id, now=NOW)
         assert not moves.retry_set_aside(session, notification_id=notification_id, now=NOW)  # only one set aside
     with sessions.begin() as session:
-        due = store.due_for_enqueue(session, now=NOW, stale_before=NOW, limit=10, send_queue_empty=True)
+        due = worklists.due_for_enqueue(session, now=NOW, stale_before=NOW, limit=10, send_queue_empty=True)
     assert notification_id in [row.id for row in due]
     assert _counts(sessions, attempt_id)[1] == 0
     assert states(sessions, notification_id) == (N.SENDING, [A.IN_FLIGHT])  # its message may exist: looked for first

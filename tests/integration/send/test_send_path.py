@@ -226,7 +226,7 @@ def test_a_worker_killed_mid_call_leaves_an_expired_lease_that_is_recovered(
 def test_a_live_lease_makes_a_twin_wait(context: SendContext, sandbox: SandboxProcess) -> None:
     notification_id = _accept(context, reminder("evt-lease", identifier="pat-lease", phone="+15550300040"))
     with context.sessions.begin() as session:
-        attempt = store.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
+        attempt = moves.open_attempt(session, notification_id=notification_id, number=1, route="reminders",
                                      channel="messaging_platform", now=context.clock())
         target = moves.Target(inbox_id=1, contact_id=1, conversation_id=1, channel="messaging_platform", content_hash="x")
         assert moves.claim(session, notification_id=notification_id, attempt_id=attempt.id, fallback=False, target=target,

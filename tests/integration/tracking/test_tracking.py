@@ -27,6 +27,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations.cli.main import cli
+from dispatcher.policy.channels import window_open
 from dispatcher.recipients.keywords import normalise
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
@@ -659,10 +660,10 @@ def test_an_incoming_message_opens_the_window_for_free_text(
             store.open_service_window(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1,
                                       at=ctx.clock() - timedelta(hours=30))
         with ctx.sessions() as session:
-            assert store.window_open(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1, now=ctx.clock())
+            assert window_open(store.last_incoming_at(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1), now=ctx.clock())
             # and 24 hours after the last incoming message it is closed
             later = ctx.clock() + timedelta(hours=24, seconds=1)
-            assert not store.window_open(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1, now=later)
+            assert not window_open(store.last_incoming_at(session, account=ACCOUNT, contact_id=contact_id, inbox_id=1), now=later)
 
 
 def test_a_recovered_send_whose_message_already_failed_still_gets_its_decision(

@@ -58,7 +58,7 @@ def sent_and_delivered(dispatcher: Dispatcher, event_id: str) -> None:
     with dispatcher.sessions.begin() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None
-        attempt = store.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
+        attempt = moves.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
                                      channel="messaging_platform", now=now)
         assert moves.claim(session, notification_id=notification.id, attempt_id=attempt.id, fallback=False, now=now,
                            target=moves.Target(1, 1, 1, "messaging_platform", "h" * 64),

@@ -35,7 +35,7 @@ def claim_first_attempt(intake: Intake, event_id: str) -> None:
     with intake.dispatcher.sessions.begin() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None
-        attempt = store.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
+        attempt = moves.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
                                      channel="messaging_platform", now=now)
         assert moves.claim(session, notification_id=notification.id, attempt_id=attempt.id, fallback=False, now=now,
                            target=moves.Target(inbox_id=1, contact_id=1, conversation_id=1,
@@ -171,7 +171,7 @@ def fail_notification(sessions: sessionmaker[Session], event_id: str) -> None:
     with sessions.begin() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None
-        attempt = store.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
+        attempt = moves.open_attempt(session, notification_id=notification.id, number=1, route="reminders",
                                      channel="messaging_platform", now=now)
         assert moves.fail_attempt(session, notification_id=notification.id, attempt_id=attempt.id, seen_claims=0,
                                   error_kind="rejected", detail="422: refused", now=now)
@@ -227,7 +227,7 @@ def fail_notification_again(sessions: sessionmaker[Session], event_id: str) -> N
     with sessions.begin() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None
-        attempt = store.open_attempt(session, notification_id=notification.id, number=notification.current_attempt,
+        attempt = moves.open_attempt(session, notification_id=notification.id, number=notification.current_attempt,
                                      route="reminders", channel="messaging_platform", now=now)
         assert moves.fail_attempt(session, notification_id=notification.id, attempt_id=attempt.id, seen_claims=0,
                                   error_kind="rejected", detail="422: refused", now=now)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from dispatcher.intake.request import EMAIL_MAX_CHARS, ContactDetails, NotificationRequest
+from dispatcher.intake.request import ContactDetails, NotificationRequest
+from dispatcher.recipients.contact import EMAIL_MAX_CHARS
 from dispatcher.store.models import Notification
 
 WORKSPACE_TEXT_COLUMN = 255  # the stock workspace keeps contact name, e-mail and identifier in varchar(255)

@@ -17,6 +17,7 @@ import httpx
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, retry_plan_of
+from dispatcher.policy.channels import window_open
 from dispatcher.policy.ratelimit import LocalLimiter
 from dispatcher.store import queries as store
 from dispatcher.store.account import Account
@@ -82,9 +83,11 @@ def test_a_stock_incoming_message_opens_the_window_through_the_stored_summary(tm
             assert process_delivery(row_id, context, None) == "window_opened"  # type: ignore[arg-type]
             assert process_delivery(row_id, context, None) == "already_processed"  # type: ignore[arg-type]
         with receiver.sessions() as session:
-            assert store.window_open(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=RECEIVED_AT)
+            assert window_open(store.last_incoming_at(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID),
+                               now=RECEIVED_AT)
             later = RECEIVED_AT + timedelta(hours=24)
-            assert not store.window_open(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID, now=later)
+            assert not window_open(store.last_incoming_at(session, account=ACCOUNT, contact_id=CONTACT_ID, inbox_id=INBOX_ID),
+                                   now=later)
         # and nothing of the message (content, phone, name) was stored
         stored = json.dumps([list(row) for row in receiver.rows()], default=str)
         assert "bring the form" not in stored and PHONE not in stored and "Ada" not in stored
