@@ -27,8 +27,10 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine.interfaces import CacheStats
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -74,12 +76,15 @@ def main() -> None:
         "ratio": round(outcome_rate / noop_rate, 3),
         "sql_statements_per_outcome": round(statements[0], 1),
         "commits_per_outcome": round(statements[1], 1),
+        # statements SQLAlchemy compiled while applying them (the first group's included: the process is new)
+        "compilations_per_outcome": round(statements[2], 3),
         "target_ratio": 0.5,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }, indent=2))
 
 
-def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> tuple[float, tuple[float, float]]:
+def _outcome_rate(env: dict[str, str], workdir: Path,
+                  args: argparse.Namespace) -> tuple[float, tuple[float, float, float]]:
     os.environ.update(env)
     from dispatcher.service import Dispatcher
     from dispatcher.settings import load_settings
@@ -133,7 +138,8 @@ def _outcome_rate(env: dict[str, str], workdir: Path, args: argparse.Namespace) 
     return (len(row_ids) - 1) / (last - first).total_seconds(), statements
 
 
-def _statements_in_process(rows: list[tuple[int, int, int]], settings: object, *, group: int) -> tuple[float, float]:
+def _statements_in_process(rows: list[tuple[int, int, int]], settings: object, *,
+                           group: int) -> tuple[float, float, float]:
     """Statements and transactions per applied outcome, counted by SQLAlchemy's events while this
     process applies ``read`` to each of ``rows`` as the consumer tasks do, ``group`` a task (same
     code, same store)."""
@@ -152,15 +158,20 @@ def _statements_in_process(rows: list[tuple[int, int, int]], settings: object, *
                              conversation_display_id=conversation_id, inbox_id=inbox_id).model_dump(mode="json"),
     ) for message_id, conversation_id, inbox_id in rows]) if row_id is not None]
     engine = ctx.sessions.kw["bind"]
-    counts = {"statements": 0, "transactions": 0}
+    counts = {"statements": 0, "transactions": 0, "compilations": 0}
 
     def statement(*_: object) -> None:
         counts["statements"] += 1
+
+    def compiled(_conn: object, _cursor: object, _statement: str, _parameters: object, context: Any, _many: bool) -> None:
+        if getattr(context, "compiled", None) is not None and context.cache_hit is not CacheStats.CACHE_HIT:
+            counts["compilations"] += 1
 
     def transaction(*_: object) -> None:
         counts["transactions"] += 1
 
     event.listen(engine, "before_cursor_execute", statement)
+    event.listen(engine, "after_cursor_execute", compiled)
     event.listen(engine, "commit", transaction)
     profiler = cProfile.Profile() if PROFILE and PROFILE[0] else None
     try:
@@ -179,8 +190,10 @@ def _statements_in_process(rows: list[tuple[int, int, int]], settings: object, *
             if os.environ.get("BENCH_PROFILE_OUT"):  # the whole profile, for pstats
                 profiler.dump_stats(os.environ["BENCH_PROFILE_OUT"])
         event.remove(engine, "before_cursor_execute", statement)
+        event.remove(engine, "after_cursor_execute", compiled)
         event.remove(engine, "commit", transaction)
-    return counts["statements"] / len(row_ids), counts["transactions"] / len(row_ids)
+    return (counts["statements"] / len(row_ids), counts["transactions"] / len(row_ids),
+            counts["compilations"] / len(row_ids))
 
 
 PROFILE: list[bool] = []

@@ -32,6 +32,7 @@ from typing import Any
 
 import common  # noqa: F401
 from common import BENCH_SANDBOX, emit, environment, private_redis, reminder, settings_from, temp_database
+from sqlalchemy.engine.interfaces import CacheStats
 
 # The store as a busy deployment holds it within the retention period: settled notifications from
 # one to 29 days old (retention deletes none of them), no payloads, in the mix a stock workspace
@@ -121,6 +122,7 @@ class DriverClock:
         self.seconds = 0.0
         self.statements = 0
         self.commits = 0
+        self.compilations = 0  # statements SQLAlchemy compiled (a cache miss, or no cache key): 0 once warm
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
         event.listen(engine, "handle_error", self._failed)
@@ -134,6 +136,8 @@ class DriverClock:
     def _after(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
         self.seconds += time.perf_counter() - conn.info.pop("bench_started")
         self.statements += 1
+        if getattr(context, "compiled", None) is not None and context.cache_hit is not CacheStats.CACHE_HIT:
+            self.compilations += 1
 
     def _failed(self, context: Any) -> None:
         """A statement that failed (a statement timeout) spent its time all the same."""
@@ -281,6 +285,7 @@ def send_all(context: Any, ids: list[int], clock: DriverClock | None) -> dict[st
     walls: list[float] = []
     outcomes: dict[str, int] = defaultdict(int)
     db_before = clock.read() if clock else (0.0, 0, 0)
+    compiled_before = clock.compilations if clock else 0
     for notification_id in ids:
         started = time.perf_counter()
         result = send_notification(notification_id, context)
@@ -296,6 +301,7 @@ def send_all(context: Any, ids: list[int], clock: DriverClock | None) -> dict[st
         "db_ms_per_send": round(db_seconds * 1000 / n, 3),
         "statements_per_send": round(statements / n, 2),
         "commits_per_send": round(commits / n, 2),
+        "compilations_per_send": round(((clock.compilations if clock else 0) - compiled_before) / n, 3),
         "accepted": outcomes.get(Outcome.ACCEPTED.value, 0) == n,
     }
 
@@ -304,7 +310,8 @@ def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds (another process's burst spoils one round, not all)."""
     merged: dict[str, Any] = {"sends": sum(r["sends"] for r in rounds), "rounds": len(rounds),
                               "accepted": all(r["accepted"] for r in rounds)}
-    for key in ("wall_ms_per_send", "wall_ms_median", "db_ms_per_send", "statements_per_send", "commits_per_send"):
+    for key in ("wall_ms_per_send", "wall_ms_median", "db_ms_per_send", "statements_per_send", "commits_per_send",
+                "compilations_per_send"):
         merged[key] = round(statistics.median(r[key] for r in rounds), 3)
     merged["db_ms_per_send_rounds"] = [r["db_ms_per_send"] for r in rounds]
     return merged
