@@ -144,13 +144,14 @@ class LateAttempt:
     attempt_id: int
     accepted_at: datetime
     message_id: int | None
+    purpose: str  # a first send, or its resend as a template (the only ones a deadline decides)
 
 def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int,
                            workspace: str = "default") -> list[LateAttempt]:
     """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
     fallback decided (the first send, or its resend as a template), oldest first."""
     rows = session.execute(
-        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at, Attempt.message_id)
+        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at, Attempt.message_id, Attempt.purpose)
         .join(Notification, Notification.id == Attempt.notification_id)
         .where(
             Attempt.number == Notification.current_attempt,

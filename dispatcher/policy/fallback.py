@@ -26,15 +26,24 @@ none      no_code                default     no text, or no leading code: same d
 ========  =====================  ==========  ================================================
 
 Configured codes outside this table give ``configured_fallback`` / ``configured_no_fallback``.
+
+What follows a failure, whoever meets it (the send path, the consumer, the deadline sweep or the
+repair of an owed decision), is :func:`choose`: a pure rule on the :class:`Failure` and what the
+store says of the notification (:class:`Facts`). Its :class:`Choice` is recorded by one move
+(:func:`dispatcher.tracking.outcomes.settle_failure`), so "at most one fallback" is decided here and
+nowhere else (docs/lifecycle.md).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-__all__ = ["OUTCOME_UNKNOWN", "FallbackRules", "FallbackVerdict", "classify_failure", "parse_error_code", "resends_as_template",
-           "send_failure_falls_back"]
+from dispatcher.lifecycle.states import AFTER_DECISION_PURPOSES
+
+__all__ = ["OUTCOME_UNKNOWN", "Choice", "Facts", "Failure", "FallbackRules", "FallbackVerdict", "Next", "choose",
+           "classify_failure", "parse_error_code", "resends_as_template", "send_failure_falls_back"]
 
 # code -> (reason, falls back by default). A rule set that moves a code to the other side gets
 # a configured_* reason, so a reason never contradicts its verdict.
@@ -137,3 +146,75 @@ _SEND_FAILURES_WITHOUT_FALLBACK = frozenset({"access_denied", "auth", "unreachab
 def send_failure_falls_back(error_kind: str) -> bool:
     """Whether an attempt that ended before any message existed (``error_kind``) falls back."""
     return error_kind not in _SEND_FAILURES_WITHOUT_FALLBACK
+
+
+EXTERNAL_ERROR = "external_error"  # the provider reported the message failed (its text is the detail)
+PROVIDER_OPT_OUT = "opted_out"  # ... with a code that says the person opted out (recorded as a suppression)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why the notification's current attempt needs what follows: the provider reported its message
+    failed (``error_kind`` ``external_error``, ``detail`` the provider's text), the send path ended
+    it before any message existed (``error_kind`` says why), or, ``late``, its message was not
+    delivered by the route's deadline."""
+
+    purpose: str  # the attempt's (dispatcher.lifecycle.states.AttemptPurpose)
+    error_kind: str | None = None
+    detail: str | None = None
+    late: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the store and the settings say of the notification, read by the one who records the choice."""
+
+    fallback_route: str | None  # the notification's, as handed over
+    fallback_configured: bool  # that route is in the settings
+    route_configured: bool  # the notification's own route is in the settings (a template resend goes through it)
+    has_template: bool  # its payload carries an approved template (read for a provider's failure only)
+    provider_opt_out: bool = False  # the provider's code said the person opted out, and it was recorded
+
+
+class Next(StrEnum):
+    END = "end"  # a fallback's or a retry's failure: the notification ends failed, nothing more is sent
+    RESEND_AS_TEMPLATE = "resend_as_template"  # 131047 on free text: the approved template, once, same route
+    DECIDE = "decide"  # the single fallback decision: fall back, or not (ending failed unless ``late``)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What follows. For ``RESEND_AS_TEMPLATE``, ``fall_back`` and ``reason`` are the decision made
+    instead when the resend is refused (a template attempt exists already)."""
+
+    next: Next
+    fall_back: bool
+    reason: str
+    error_kind: str | None
+    detail: str | None
+
+
+def choose(failure: Failure, facts: Facts, rules: FallbackRules) -> Choice:
+    """What follows ``failure``: the one rule behind "at most one fallback"."""
+    if failure.purpose in AFTER_DECISION_PURPOSES:  # the decision was made; this was its fallback (or a retry)
+        kind = PROVIDER_OPT_OUT if facts.provider_opt_out else failure.error_kind or "internal"
+        return Choice(Next.END, False, "fallback_failed", kind, failure.detail)
+    if facts.provider_opt_out:
+        return Choice(Next.DECIDE, False, "opted_out on the provider; no fallback", PROVIDER_OPT_OUT, failure.detail)
+    if failure.late:
+        fall_back, reason = True, "not delivered by the deadline"
+    elif failure.error_kind == EXTERNAL_ERROR:
+        verdict = classify_failure(failure.detail, rules, has_template=facts.has_template)
+        fall_back, reason = verdict.fall_back, verdict.reason + (f" ({verdict.code})" if verdict.code else "")
+        if resends_as_template(verdict, attempt_purpose=failure.purpose, has_template=facts.has_template) \
+                and facts.route_configured:
+            return Choice(Next.RESEND_AS_TEMPLATE, fall_back, reason, EXTERNAL_ERROR, failure.detail)
+    else:
+        kind = failure.error_kind or "internal"
+        fall_back, reason = send_failure_falls_back(kind), f"send_failed ({kind})"
+    if fall_back and facts.fallback_route is None:
+        fall_back, reason = False, f"{reason}; no fallback route"
+    elif fall_back and not facts.fallback_configured:
+        fall_back, reason = False, f"{reason}; fallback route {facts.fallback_route!r} not configured"
+    error_kind = None if failure.late else failure.error_kind or "internal"
+    return Choice(Next.DECIDE, fall_back, reason, error_kind, failure.detail)

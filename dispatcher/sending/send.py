@@ -42,7 +42,7 @@ from dispatcher.policy.backoff import backoff_s
 from dispatcher.policy.breaker import Pause, Probe
 from dispatcher.policy.channels import MessageKind, choose_message_kind, reports_read, template_params
 from dispatcher.policy.channels import window_open as service_window_open
-from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE
+from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE, Failure
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.policy.ratelimit import route_bucket
 from dispatcher.policy.readback import next_read_at
@@ -303,10 +303,8 @@ def _wait_for_workspace(notification_id: int, held: _Job | None, pause: Pause, c
     if failed is None:
         return _make_owed_decision(notification_id, row.current_attempt, ctx)
     if failed.moved:
-        if failed.purpose in AFTER_DECISION_PURPOSES:
-            tracking.end_after_fallback_failed(notification_id, failed.error_kind, failed.detail, ctx)
-        else:
-            tracking.decide_after_send_failure(notification_id, failed.error_kind, failed.detail, ctx, ctx.enqueuer)
+        tracking.settle_failure(notification_id, Failure(purpose=failed.purpose, error_kind=failed.error_kind,
+                                                         detail=failed.detail), ctx, ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{failed.error_kind}: past the send deadline", paused=True)
 
 
@@ -795,8 +793,6 @@ def _fail(job: _Job, ctx: SendContext, error_kind: str, detail: str, *, looked: 
                  error_kind)
         return SendResult(Outcome.SKIPPED, f"{error_kind}, but the attempt moved on since this run read it")
     log.warning("attempt %s of notification %s failed: %s", job.attempt_number, job.notification_id, error_kind)
-    if job.purpose in AFTER_DECISION_PURPOSES:
-        tracking.end_after_fallback_failed(job.notification_id, error_kind, detail, ctx)
-    else:
-        tracking.decide_after_send_failure(job.notification_id, error_kind, detail, ctx, ctx.enqueuer)
+    tracking.settle_failure(job.notification_id, Failure(purpose=job.purpose, error_kind=error_kind, detail=detail), ctx,
+                            ctx.enqueuer)
     return SendResult(Outcome.FAILED, f"{error_kind}: {detail}")

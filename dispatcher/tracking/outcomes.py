@@ -35,7 +35,7 @@ from dispatcher.lifecycle.states import (
     attempt_state_from_status,
 )
 from dispatcher.policy.channels import reports_read
-from dispatcher.policy.fallback import FallbackRules, classify_failure, resends_as_template, send_failure_falls_back
+from dispatcher.policy.fallback import EXTERNAL_ERROR, Choice, Facts, Failure, FallbackRules, Next, choose
 from dispatcher.policy.readback import UNCONFIRMED_STATES, next_read_at
 from dispatcher.queues import Priority, send_queue
 from dispatcher.recipients import keywords, platform, suppressions
@@ -298,10 +298,8 @@ def follow_up(outcome: Outcome, applied: Applied, ctx: SendContext, enqueuer: En
     the decision a failure reported again still owes. The outcome's final word."""
     if applied.failed is not None:
         failed = applied.failed
-        if failed.purpose in AFTER_DECISION_PURPOSES:
-            return end_fallback_after_external_failure(failed.notification_id, failed.external_error, ctx)
-        return decide_after_external_failure(failed.notification_id, failed.external_error, ctx, enqueuer,
-                                             purpose=failed.purpose)
+        return settle_failure(failed.notification_id, Failure(purpose=failed.purpose, error_kind=EXTERNAL_ERROR,
+                                                              detail=failed.external_error), ctx, enqueuer)
     if applied.word != "duplicate_status" or attempt_state_from_status(outcome.status) is not AttemptState.FAILED:
         return applied.word
     with ctx.sessions() as session:
@@ -433,50 +431,6 @@ def _trace_outcome(session: Session, attempt: store.OutcomeAttempt, outcome: Out
             "dispatcher.status": outcome.status or "-"})
 
 
-def end_fallback_after_external_failure(notification_id: int, external_error: str | None, ctx: SendContext) -> str:
-    kind = "opted_out" if record_platform_opt_out(notification_id, external_error, ctx) else "external_error"
-    return end_after_fallback_failed(notification_id, kind, external_error, ctx)
-
-
-def decide_after_external_failure(
-    notification_id: int, external_error: str | None, ctx: SendContext, enqueuer: Enqueuer | None, *,
-    purpose: AttemptPurpose = AttemptPurpose.FIRST,
-) -> str:
-    """The current attempt's message failed. The provider says the recipient opted out (21610,
-    131050): record it, and end without a fallback. 131047 on the first send of a request that
-    carries an approved template: resend as that template, once, on the same route. Otherwise
-    classify the error code and make the single fallback decision."""
-    if record_platform_opt_out(notification_id, external_error, ctx):
-        return decide_fallback(notification_id, fall_back=False, reason="opted_out on the provider; no fallback",
-                               failed=True, ctx=ctx, enqueuer=enqueuer, error_kind="opted_out",
-                               error_detail=external_error)
-    with ctx.sessions() as session:
-        notification = session.get(Notification, notification_id)
-        body = store.load_payload(session, notification_id)
-        if notification is None:
-            return "ignored"
-        number, route_name = notification.current_attempt, notification.route
-        queue = send_queue(notification.workspace, Priority(notification.priority))
-    has_template = body is not None and _carries_template(body)
-    verdict = classify_failure(external_error, fallback_rules(ctx), has_template=has_template)
-    route = ctx.settings.routes.get(route_name)
-    if resends_as_template(verdict, attempt_purpose=purpose, has_template=has_template) and route is not None:
-        now = ctx.clock()
-        with ctx.sessions.begin() as session:
-            resent = moves.resend_as_template(session, notification_id=notification_id, failed_number=number,
-                                              route=route_name, channel=route.channel.value, now=now)
-            if resent and enqueuer is not None:
-                store.mark_enqueued(session, [notification_id], now=now)
-        if resent:
-            log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
-            if enqueuer is not None:
-                _publish_marked(notification_id, now, ctx, enqueuer, queue)
-            return "resend_as_template"
-    reason = verdict.reason + (f" ({verdict.code})" if verdict.code else "")
-    return decide_fallback(notification_id, fall_back=verdict.fall_back, reason=reason, failed=True, ctx=ctx,
-                           enqueuer=enqueuer, error_kind="external_error", error_detail=external_error)
-
-
 def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_before: datetime, limit: int) -> int:
     """Finish what a process killed between recording a failure and deciding left undone.
 
@@ -506,13 +460,8 @@ def finish_owed_decision(notification_id: int, ctx: SendContext, enqueuer: Enque
 
 def _finish_failure(notification_id: int, purpose: str, error_kind: str | None, error_detail: str | None,
                     ctx: SendContext, enqueuer: Enqueuer | None) -> str:
-    if purpose in AFTER_DECISION_PURPOSES and error_kind == "external_error":
-        return end_fallback_after_external_failure(notification_id, error_detail, ctx)
-    if purpose in AFTER_DECISION_PURPOSES:
-        return end_after_fallback_failed(notification_id, error_kind or "internal", error_detail, ctx)
-    if error_kind == "external_error":
-        return decide_after_external_failure(notification_id, error_detail, ctx, enqueuer, purpose=AttemptPurpose(purpose))
-    return decide_after_send_failure(notification_id, error_kind or "internal", error_detail, ctx, enqueuer)
+    return settle_failure(notification_id, Failure(purpose=purpose, error_kind=error_kind, detail=error_detail), ctx,
+                          enqueuer)
 
 
 def _carries_template(stored: dict[str, Any]) -> bool:
@@ -522,55 +471,77 @@ def _carries_template(stored: dict[str, Any]) -> bool:
         return False  # unreadable: no template can be sent from it
 
 
-def decide_after_send_failure(
-    notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext, enqueuer: Enqueuer | None
-) -> str:
-    """The first attempt failed before any message existed: decide once, like any failure."""
-    fall_back = send_failure_falls_back(error_kind)
-    return decide_fallback(
-        notification_id, fall_back=fall_back, reason=f"send_failed ({error_kind})", failed=True, ctx=ctx, enqueuer=enqueuer,
-        error_kind=error_kind, error_detail=error_detail,
-    )
+def settle_failure(notification_id: int, failure: Failure, ctx: SendContext, enqueuer: Enqueuer | None) -> str:
+    """What follows a failure of the notification's current attempt, for every caller alike: the
+    send path, the consumer, the deadline sweep and the repair of an owed decision.
 
-
-def decide_fallback(
-    notification_id: int, *, fall_back: bool, reason: str, failed: bool, ctx: SendContext, enqueuer: Enqueuer | None,
-    error_kind: str | None = None, error_detail: str | None = None,
-) -> str:
-    """The single fallback decision: one compare-and-set; only its winner acts on it.
-
-    ``failed``: the first attempt ended as failed (the notification fails, with ``error_kind`` and
-    ``error_detail``, unless it falls back); otherwise it is a deadline decision on an attempt that
-    is still only sent.
-    """
+    A provider's code that says the person opted out is recorded first (a suppression). Then, in
+    one transaction, what the store says of the notification is read, the pure rule
+    (:func:`dispatcher.policy.fallback.choose`) says what follows, and one move records it: the
+    single fallback decision (a compare-and-set on ``fallback_decision IS NULL``: only its winner
+    acts on it), the one template resend, or the end of a fallback that failed too. A fallback or
+    a resend is marked enqueued in that transaction and published after it commits."""
+    opted_out = failure.error_kind == EXTERNAL_ERROR and record_platform_opt_out(notification_id, failure.detail, ctx)
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         notification = session.get(Notification, notification_id)
         if notification is None:
             return "ignored"
-        if fall_back and notification.fallback_route is None:
-            fall_back, reason = False, f"{reason}; no fallback route"
-        route = ctx.settings.routes.get(notification.fallback_route or "") if fall_back else None
-        if fall_back and route is None:
-            fall_back, reason = False, f"{reason}; fallback route {notification.fallback_route!r} not configured"
-        decision = moves.FallbackDecision(
-            fall_back=fall_back, reason=reason, failed=failed, error_kind=error_kind, error_detail=error_detail,
-            fallback_route=notification.fallback_route if fall_back else None,
-            fallback_channel=route.channel.value if route is not None else None,
-        )
-        if not moves.decide_fallback(session, notification_id=notification_id, decision=decision, now=now):
-            return "already_decided"
-        queue = send_queue(notification.workspace, Priority(notification.priority))  # the fallback keeps its lane
-        if not fall_back:
-            store.drop_payload(session, notification_id)
-        elif enqueuer is not None:
-            store.mark_enqueued(session, [notification_id], now=now)
-    verdict = "fallback" if fall_back else "none"
-    log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, reason)
-    metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
-    if fall_back and enqueuer is not None:
+        choice = choose(failure, _facts(session, notification, failure, ctx, provider_opt_out=opted_out),
+                        fallback_rules(ctx))
+        queue = send_queue(notification.workspace, Priority(notification.priority))  # what follows keeps its lane
+        word = _record(session, notification, choice, failure, ctx, now=now, marks=enqueuer is not None)
+    if word == "resend_as_template":
+        log.info("notification %s: 131047 on free text; resending as the approved template", notification_id)
+    elif word in ("fallback", "no_fallback"):
+        verdict = "fallback" if word == "fallback" else "none"
+        log.info("notification %s: fallback decision %s (%s)", notification_id, verdict, choice.reason)
+        metrics.FALLBACK_DECISIONS.labels(decision=verdict).inc()
+    if word in ("fallback", "resend_as_template") and enqueuer is not None:
         _publish_marked(notification_id, now, ctx, enqueuer, queue)
-    return "fallback" if fall_back else "no_fallback"
+    return word
+
+
+def _facts(session: Session, notification: Notification, failure: Failure, ctx: SendContext, *,
+           provider_opt_out: bool) -> Facts:
+    """What the rule needs of the notification; its payload is read only for a provider's failure
+    of a first send (a 131047 resends the template it carries)."""
+    reads_template = failure.error_kind == EXTERNAL_ERROR and failure.purpose not in AFTER_DECISION_PURPOSES
+    body = store.load_payload(session, notification.id) if reads_template else None
+    return Facts(fallback_route=notification.fallback_route,
+                 fallback_configured=(notification.fallback_route or "") in ctx.settings.routes,
+                 route_configured=notification.route in ctx.settings.routes,
+                 has_template=body is not None and _carries_template(body), provider_opt_out=provider_opt_out)
+
+
+def _record(session: Session, notification: Notification, choice: Choice, failure: Failure, ctx: SendContext, *,
+            now: datetime, marks: bool) -> str:
+    """The one move that records ``choice``; ``marks``: what follows is marked enqueued (published after)."""
+    if choice.next is Next.END:
+        moves.end_failed(session, notification_id=notification.id, error_kind=choice.error_kind or "internal",
+                         detail=choice.detail, now=now)
+        store.drop_payload(session, notification.id)
+        return "fallback_failed"
+    if choice.next is Next.RESEND_AS_TEMPLATE:
+        channel = ctx.settings.routes[notification.route].channel.value  # configured: the rule checked it
+        if moves.resend_as_template(session, notification_id=notification.id, failed_number=notification.current_attempt,
+                                    route=notification.route, channel=channel, now=now):
+            if marks:
+                store.mark_enqueued(session, [notification.id], now=now)
+            return "resend_as_template"
+    route = ctx.settings.routes.get(notification.fallback_route or "") if choice.fall_back else None
+    decision = moves.FallbackDecision(
+        fall_back=choice.fall_back, reason=choice.reason, failed=not failure.late, error_kind=choice.error_kind,
+        error_detail=choice.detail, fallback_route=notification.fallback_route if choice.fall_back else None,
+        fallback_channel=route.channel.value if route is not None else None,
+    )
+    if not moves.decide_fallback(session, notification_id=notification.id, decision=decision, now=now):
+        return "already_decided"
+    if not choice.fall_back:
+        store.drop_payload(session, notification.id)
+    elif marks:
+        store.mark_enqueued(session, [notification.id], now=now)
+    return "fallback" if choice.fall_back else "no_fallback"
 
 
 def _publish_marked(notification_id: int, marked_at: datetime, ctx: SendContext, enqueuer: Enqueuer, queue: str) -> None:
@@ -581,15 +552,6 @@ def _publish_marked(notification_id: int, marked_at: datetime, ctx: SendContext,
     if not enqueuer.enqueue_send([notification_id], queue=queue):
         with ctx.sessions.begin() as session:
             store.forget_enqueued(session, [notification_id], marked_at=marked_at)
-
-
-def end_after_fallback_failed(notification_id: int, error_kind: str, error_detail: str | None, ctx: SendContext) -> str:
-    """The fallback failed too: the notification fails, with the fallback's reason; nothing more is sent."""
-    with ctx.sessions.begin() as session:
-        moves.end_failed(session, notification_id=notification_id, error_kind=error_kind, detail=error_detail,
-                         now=ctx.clock())
-        store.drop_payload(session, notification_id)
-    return "fallback_failed"
 
 
 def reconcile_attempt(attempt_id: int, ctx: SendContext, enqueuer: Enqueuer) -> str:

@@ -28,6 +28,7 @@ from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
 from dispatcher.lifecycle import worklists
 from dispatcher.policy.breaker import pause_reason
+from dispatcher.policy.fallback import Failure
 from dispatcher.policy.readback import READ_BACK_STATES
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
@@ -101,8 +102,7 @@ def _decide_at_deadline(attempt: worklists.LateAttempt, deadline_s: float, ctx: 
     overdue_s = (ctx.clock() - attempt.accepted_at).total_seconds() - deadline_s
     if read == "unreadable" and overdue_s < ctx.settings.reconcile_max_interval_s:
         return "put_off_unreadable"
-    return tracking.decide_fallback(attempt.notification_id, fall_back=True, reason="not delivered by the deadline",
-                                    failed=False, ctx=ctx, enqueuer=enqueuer)
+    return tracking.settle_failure(attempt.notification_id, Failure(purpose=attempt.purpose, late=True), ctx, enqueuer)
 
 
 def record_and_process(delivery: NewDelivery, ctx: SendContext, enqueuer: Enqueuer) -> str:

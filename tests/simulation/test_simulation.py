@@ -314,15 +314,15 @@ def test_a_publish_without_its_mark_is_caught(monkeypatch: pytest.MonkeyPatch) -
     """marked_before_publish bites: a decision without a fallback that publishes the send task
     anyway (nothing was marked: the notification failed) breaks it in batches seed 6."""
     assert run(WORLDS["batches"], seed=6, keep_trace=False).ok
-    decide = outcomes.decide_fallback
+    settle = outcomes.settle_failure
 
-    def publishing_anyway(notification_id: int, **decision: Any) -> str:
-        decided = decide(notification_id, **decision)
-        if decided == "no_fallback" and decision["enqueuer"] is not None:
-            decision["enqueuer"].enqueue_send([notification_id])
+    def publishing_anyway(notification_id: int, failure: Any, ctx: Any, enqueuer: Any) -> str:
+        decided = settle(notification_id, failure, ctx, enqueuer)
+        if decided == "no_fallback" and enqueuer is not None:
+            enqueuer.enqueue_send([notification_id])
         return decided
 
-    monkeypatch.setattr(outcomes, "decide_fallback", publishing_anyway)
+    monkeypatch.setattr(outcomes, "settle_failure", publishing_anyway)
     outcome = run(WORLDS["batches"], seed=6, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["marked_before_publish"]
 
@@ -364,13 +364,13 @@ def test_an_outcome_word_that_misreports_the_decision_is_caught(monkeypatch: pyt
     """outcome_word bites: a consumer that reports ``no_fallback`` for the fallback it decided
     (what an operator's dashboard and the delivery row would show) breaks it in refusals seed 0."""
     assert run(WORLDS["refusals"], seed=0, keep_trace=False).ok
-    decide = outcomes.decide_fallback
+    settle = outcomes.settle_failure
 
-    def misreported(*args: object, **kwargs: object) -> str:
-        word = decide(*args, **kwargs)  # type: ignore[arg-type]
+    def misreported(*args: Any) -> str:
+        word = settle(*args)
         return "no_fallback" if word == "fallback" else word
 
-    monkeypatch.setattr(outcomes, "decide_fallback", misreported)
+    monkeypatch.setattr(outcomes, "settle_failure", misreported)
     outcome = run(WORLDS["refusals"], seed=0, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["outcome_word"]
 
@@ -378,7 +378,7 @@ def test_an_outcome_word_that_misreports_the_decision_is_caught(monkeypatch: pyt
 def test_a_failure_ended_beside_its_decision_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """record_matches bites: a first attempt's failure ended as a fallback's would be (the
     notification failed, no decision written) breaks it in refusals seed 0."""
-    monkeypatch.setattr(outcomes, "AFTER_DECISION_PURPOSES", frozenset(AttemptPurpose))
+    monkeypatch.setattr(fallback, "AFTER_DECISION_PURPOSES", frozenset(AttemptPurpose))
     outcome = run(WORLDS["refusals"], seed=0, keep_trace=False)
     assert [(v.invariant, "without a fallback decision" in v.detail) for v in outcome.violations][:1] == [
         ("record_matches", True)]

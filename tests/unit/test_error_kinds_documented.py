@@ -8,7 +8,7 @@ follows a value to where it is written as an error kind:
 * the value of an ``error_kind=`` keyword, of an ``"error_kind"`` dict entry or subscript, and the
   default of a parameter named ``error_kind``;
 * the positional argument that lands on an ``error_kind`` parameter (``_fail(job, ctx, "kind",
-  detail)``, ``end_after_fallback_failed(id, kind, ...)``) or dataclass field (``Decision``);
+  detail)``) or dataclass field (``Decision``);
 * through a module constant (``CRASH_LOOP = "crash_loop"``, also as ``moves.CRASH_LOOP``), a local
   variable assigned in the same function, ``a or b``, ``a if c else b`` and SQL ``coalesce(...)``;
 

@@ -20,6 +20,7 @@ from dispatcher.intake import accept as intake
 from dispatcher.intake import outbox
 from dispatcher.intake.request import parse_request
 from dispatcher.operations.sweep import sweep
+from dispatcher.policy.fallback import Failure
 from dispatcher.queues import SEND_QUEUE
 from dispatcher.sending import send
 from dispatcher.service import Dispatcher
@@ -165,8 +166,9 @@ def _decision_dying(settings: Settings, queue: Queue, event_id: str) -> None:
         found = store.find_notification_by_event(session, event_id)
         assert found is not None
     with send_context(settings) as context, pytest.raises(Died):
-        outcomes.decide_fallback(found.id, fall_back=True, reason="undeliverable (131026)", failed=True, ctx=context,
-                                 enqueuer=DiesBeforePublishing(), error_kind="external_error")
+        outcomes.settle_failure(found.id, Failure(purpose="first", error_kind="external_error",
+                                                  detail="131026 (#131026) Message undeliverable"),
+                                context, DiesBeforePublishing())
 
 
 class _Dying(DiesBeforePublishing):

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from dispatcher.policy.fallback import FallbackRules, FallbackVerdict, classify_failure, parse_error_code, resends_as_template
+from dispatcher.policy.fallback import (
+    Choice,
+    Facts,
+    Failure,
+    FallbackRules,
+    FallbackVerdict,
+    Next,
+    choose,
+    classify_failure,
+    parse_error_code,
+    resends_as_template,
+)
 
 DEFAULT = FallbackRules()
 
@@ -83,3 +96,57 @@ def test_131047_without_a_template_falls_back_since_nothing_else_can_go_out() ->
     verdict = classify_failure("131047: Re-engagement message", FallbackRules(), has_template=False)
     assert (verdict.fall_back, verdict.reason, verdict.code) == (True, "window_closed_no_template", "131047")
     assert not resends_as_template(verdict, attempt_purpose="first", has_template=False)
+
+
+# --- choose: the one rule of what follows a failure (issue 46) -------------------------------------
+
+FACTS = Facts(fallback_route="sms", fallback_configured=True, route_configured=True, has_template=True)
+
+
+@pytest.mark.parametrize(("failure", "facts", "expected"), [
+    # the provider reported the message undeliverable: the single fallback
+    (Failure("first", "external_error", "131026: x"), FACTS,
+     Choice(Next.DECIDE, True, "undeliverable (131026)", "external_error", "131026: x")),
+    # ... but the notification has no fallback route, or one the settings no longer have
+    (Failure("first", "external_error", "131026: x"), replace(FACTS, fallback_route=None),
+     Choice(Next.DECIDE, False, "undeliverable (131026); no fallback route", "external_error", "131026: x")),
+    (Failure("first", "external_error", "131026: x"), replace(FACTS, fallback_configured=False),
+     Choice(Next.DECIDE, False, "undeliverable (131026); fallback route 'sms' not configured", "external_error",
+            "131026: x")),
+    # free text outside the window: the request's template, once, on the same route; refused, no fallback
+    (Failure("first", "external_error", "131047: y"), FACTS,
+     Choice(Next.RESEND_AS_TEMPLATE, False, "resend_as_template (131047)", "external_error", "131047: y")),
+    (Failure("template", "external_error", "131047: y"), FACTS,
+     Choice(Next.DECIDE, False, "resend_as_template (131047)", "external_error", "131047: y")),
+    (Failure("first", "external_error", "131047: y"), replace(FACTS, route_configured=False),
+     Choice(Next.DECIDE, False, "resend_as_template (131047)", "external_error", "131047: y")),
+    # the person opted out on the provider: never another route
+    (Failure("first", "external_error", "21610: z"), replace(FACTS, provider_opt_out=True),
+     Choice(Next.DECIDE, False, "opted_out on the provider; no fallback", "opted_out", "21610: z")),
+    # the send failed before a message existed: falls back unless another route would fail alike
+    (Failure("first", "not_contactable", "no"), FACTS,
+     Choice(Next.DECIDE, True, "send_failed (not_contactable)", "not_contactable", "no")),
+    (Failure("first", "unreachable", None), FACTS, Choice(Next.DECIDE, False, "send_failed (unreachable)", "unreachable", None)),
+    (Failure("first", None, None), FACTS, Choice(Next.DECIDE, False, "send_failed (internal)", "internal", None)),
+    # not delivered by the deadline: fall back, the notification is not failed (no error kind)
+    (Failure("first", late=True), FACTS, Choice(Next.DECIDE, True, "not delivered by the deadline", None, None)),
+    (Failure("template", late=True), replace(FACTS, fallback_route=None),
+     Choice(Next.DECIDE, False, "not delivered by the deadline; no fallback route", None, None)),
+    # the fallback (or a host's retry) failed too: the end, never a second fallback
+    (Failure("fallback", "external_error", "131026: x"), FACTS,
+     Choice(Next.END, False, "fallback_failed", "external_error", "131026: x")),
+    (Failure("fallback", "external_error", "21610: z"), replace(FACTS, provider_opt_out=True),
+     Choice(Next.END, False, "fallback_failed", "opted_out", "21610: z")),
+    (Failure("retry", "not_contactable", "no"), FACTS, Choice(Next.END, False, "fallback_failed", "not_contactable", "no")),
+    (Failure("fallback", None, None), FACTS, Choice(Next.END, False, "fallback_failed", "internal", None)),
+])
+def test_what_follows_a_failure_is_chosen_by_one_rule(failure: Failure, facts: Facts, expected: Choice) -> None:
+    assert choose(failure, facts, FallbackRules()) == expected
+
+
+def test_no_failure_after_the_decision_ever_falls_back() -> None:
+    """Whatever the failure and the facts, a fallback's or a retry's failure ends the notification."""
+    for purpose in ("fallback", "retry"):
+        for failure in (Failure(purpose, "external_error", "131026: x"), Failure(purpose, "not_contactable"),
+                        Failure(purpose, late=True)):
+            assert choose(failure, FACTS, FallbackRules()).next is Next.END
