@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, or_, select, text, update
+from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.announce import announce
@@ -504,15 +504,22 @@ def fail_attempt(session: Session, *, notification_id: int, attempt_id: int, see
 
 
 def accept(session: Session, *, notification_id: int, attempt_id: int, message_id: int, state: AttemptState,
-           now: datetime, next_read_at: datetime | None) -> Accepted | None:
+           now: datetime, next_read_at: datetime | None, without_waiting: bool = False) -> Accepted | None:
     """The workspace took the message: record its ID and first status on the attempt and the
-    notification, and when reconciliation reads it back first (None: never, it is settled)."""
+    notification, and when reconciliation reads it back first (None: never, it is settled).
+
+    ``without_waiting``: on PostgreSQL the transaction's commit returns before the record is
+    flushed to disk (``synchronous_commit`` off for this transaction, set by the statement itself,
+    no round trip of its own). Only where a record lost in a database crash is repaired by reading
+    the workspace again: the send path's acceptance (recovery finds the message in its conversation
+    and adopts it). Never for the claim: losing an in-flight mark could send twice."""
     statements = _accept_statements(state)
     params = {"move_attempt_id": attempt_id, "move_notification_id": notification_id, "move_message_id": message_id,
               "move_at": now, "move_next_read_at": next_read_at}
     if _one_statement(session):
         # the notification takes the attempt's target from the attempt's own update, in the same statement
-        row = session.execute(statements.both, params).one_or_none()
+        row = session.execute(statements.both_without_waiting if without_waiting else statements.both,
+                              params).one_or_none()
     else:
         row = session.execute(statements.attempt, params).one_or_none()
         if row is not None:
@@ -552,7 +559,10 @@ def _accept_statements(state: AttemptState) -> _MoveStatements:
         select(taken.c.inbox_id).scalar_subquery(), select(taken.c.channel).scalar_subquery(),
         select(taken.c.conversation_id).scalar_subquery()))
     mirror = move_notification(bindparam("move_inbox_id"), bindparam("move_channel"), bindparam("move_conversation_id"))
-    return _MoveStatements(attempt=take_attempt, mirror=mirror, both=both)
+    # SET LOCAL synchronous_commit TO OFF as a function of the statement (set_config's third
+    # argument: for this transaction only), evaluated for the attempt's row when the move wins.
+    without_waiting = both.where(func.set_config("synchronous_commit", "off", true()).is_not(None))
+    return _MoveStatements(attempt=take_attempt, mirror=mirror, both=both, both_without_waiting=without_waiting)
 
 
 def record_outcome(session: Session, *, notification_id: int, attempt_id: int, attempt_number: int,
@@ -587,6 +597,7 @@ class _MoveStatements:
     attempt: Any  # the attempt's guarded update
     mirror: Any  # the notification's, or None when the move does not mirror (a failure)
     both: Any  # both as one statement (PostgreSQL)
+    both_without_waiting: Any = None  # the same, its transaction's commit not waiting for the disk (accept only)
 
 
 @functools.cache

@@ -757,11 +757,11 @@ def _record_acceptance(job: _Job, ctx: SendContext, message: Message, outcome: O
     # outcome below, so the single fallback decision is made.
     state = AttemptState.SENT if reported is AttemptState.FAILED else reported
     with ctx.sessions.begin() as session:
-        store.commit_without_waiting(session)  # lost in a database crash? recovery adopts the message again
         accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
                                 message_id=message.id, state=state, now=now,
                                 next_read_at=next_read_at(state=state, reports_read=reports_read(job.route.channel.value),
-                                                          accepted_at=now, now=now, plan=readback_plan_of(ctx.settings)))
+                                                          accepted_at=now, now=now, plan=readback_plan_of(ctx.settings)),
+                                without_waiting=True)  # lost in a database crash? recovery adopts the message again
         if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
         # An adopted message may already be delivered or read (its reports came while its send

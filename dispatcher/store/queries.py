@@ -110,21 +110,6 @@ def _insert_ignoring_conflict_statement(table: Table, columns: tuple[str, ...]) 
                       .values({column: bindparam(column) for column in columns}).on_conflict_do_nothing())
 
 
-def commit_without_waiting(session: Session) -> None:
-    """Let this transaction's commit return before PostgreSQL has flushed it to disk.
-
-    Only for writes whose loss in a database crash is repaired by reading the service again:
-    the acceptance of a message (recovery finds the message in the conversation and adopts it),
-    the note that a task was published (the sweep publishes again). Never for marking a send in
-    flight: losing that could send twice. The database stays consistent either way.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(_ASYNC_COMMIT)
-
-
-_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
-
-
 # --- notifications --------------------------------------------------------------------------
 
 

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
+from dispatcher.lifecycle import moves
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.built_once import count_compilations
@@ -108,3 +110,49 @@ def test_the_count_sees_a_statement_compiled_on_every_execution(context: SendCon
             session.execute(insert_for(session)(table).values(event_key=f"k{n}", spent_until=utcnow())
                             .on_conflict_do_nothing())
     assert sum(compiled.values()) == 2
+
+
+def test_a_warm_send_is_five_statements_in_two_transactions_and_its_acceptance_commits_without_waiting(
+        context: SendContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim (the load, the attempt's upsert, the known target, the compare-and-set) and the
+    acceptance, a transaction each: on PostgreSQL five statements, the acceptance's also turning
+    ``synchronous_commit`` off for its transaction (no ``SET LOCAL`` of its own: 9 round trips a
+    warm send with BEGIN and COMMIT, from 10)."""
+    _handed_over_and_sent(context, "rt-0", "patient-rt")  # the contact, its source_id and conversation are known now
+    request = reminder("rt-1", identifier="patient-rt", phone="+15550419999")
+    intake.accept(parse_request(request), sessions=context.sessions, settings=context.settings, enqueuer=ListEnqueuer())
+    with context.sessions() as session:
+        notification = store.find_notification_by_event(session, "rt-1")
+        assert notification is not None
+    engine = context.sessions.kw["bind"]
+    statements: list[str] = []
+    commits: list[int] = []
+    settings_at_accept: list[str] = []
+    accept = moves.accept
+
+    def accept_and_look(session: Any, **kwargs: Any) -> Any:
+        accepted = accept(session, **kwargs)
+        if engine.dialect.name == "postgresql":
+            settings_at_accept.append(session.execute(sa.text("SHOW synchronous_commit")).scalar_one())
+            statements.pop()  # this test's own look
+        return accepted
+
+    def keep(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(" ".join(statement.split())[:40])
+
+    def commit(*_: object) -> None:
+        commits.append(1)
+
+    monkeypatch.setattr(moves, "accept", accept_and_look)
+    sa.event.listen(engine, "before_cursor_execute", keep)
+    sa.event.listen(engine, "commit", commit)
+    try:
+        assert drive(context, notification.id)[-1].outcome is Outcome.ACCEPTED
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", keep)
+        sa.event.remove(engine, "commit", commit)
+    assert len(commits) == 2
+    if engine.dialect.name == "postgresql":
+        assert len(statements) == 5, statements
+        assert not any(statement.startswith("SET") for statement in statements)
+        assert settings_at_accept == ["off"]
