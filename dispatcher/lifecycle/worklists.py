@@ -8,11 +8,13 @@ nothing of the lifecycle (tests/unit/test_layout.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, or_, select, true, update
+from sqlalchemy import bindparam, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
@@ -26,13 +28,20 @@ from dispatcher.lifecycle.states import (
 from dispatcher.store.models import Attempt, Notification, table_of
 
 ATTEMPTS = table_of(Attempt)
+NOTIFICATIONS = table_of(Notification)
 
 
 def count_waiting_for_a_worker(session: Session) -> int:
     """Notifications queued and not yet taken by a worker: the send backlog (scheduled ones wait
     for their time instead)."""
-    query = select(func.count()).select_from(Notification).where(Notification.state == NotificationState.QUEUED)
-    return int(session.scalar(query) or 0)
+    return int(session.scalar(_WAITING_FOR_A_WORKER) or 0)
+
+
+# Built once, as every statement of this module: a sweep runs them every few seconds (the
+# simulation thousands of times a run), and building a statement costs more than running it.
+_WAITING_FOR_A_WORKER = select(func.count()).select_from(NOTIFICATIONS).where(
+    NOTIFICATIONS.c.state == NotificationState.QUEUED)
+
 
 @dataclass(frozen=True, slots=True)
 class DueRow:
@@ -41,6 +50,7 @@ class DueRow:
     id: int
     workspace: str
     priority: str
+
 
 def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, limit: int,
                     send_queue_empty: bool) -> list[DueRow]:
@@ -67,28 +77,36 @@ def due_for_enqueue(session: Session, *, now: datetime, stale_before: datetime, 
     On PostgreSQL the rows are locked and rows another sweep holds are skipped (``SKIP LOCKED``),
     so sweeps in several processes take disjoint batches; SQLite runs one writer at a time anyway.
     """
-    lost = Notification.task_started.is_(True) if not send_queue_empty else true()
-    query = (
-        select(Notification.id, Notification.workspace, Notification.priority)
+    rows = session.execute(_due_statement(send_queue_empty), {"now": now, "stale_before": stale_before, "limit": limit})
+    return [DueRow(row.id, row.workspace, row.priority) for row in rows]
+
+
+@functools.cache
+def _due_statement(send_queue_empty: bool) -> Any:
+    n = NOTIFICATIONS.c
+    now, stale_before = bindparam("now", type_=n.send_at.type), bindparam("stale_before", type_=n.enqueued_at.type)
+    lost = n.task_started.is_(True) if not send_queue_empty else true()
+    return (
+        select(n.id, n.workspace, n.priority)
         .where(
             or_(
-                (Notification.state == NotificationState.SCHEDULED) & (Notification.send_at <= now),
-                (Notification.state.in_(SENDABLE_NOTIFICATION_STATES))
+                (n.state == NotificationState.SCHEDULED) & (n.send_at <= now),
+                (n.state.in_(sorted(SENDABLE_NOTIFICATION_STATES)))
                 # set aside (its send task kept dying): an operator's retry publishes it again
-                & or_(Notification.error_kind.is_(None), Notification.error_kind.not_in(sorted(SET_ASIDE_KINDS)))
+                & or_(n.error_kind.is_(None), n.error_kind.not_in(sorted(SET_ASIDE_KINDS)))
                 & or_(
-                    Notification.enqueued_at.is_(None),
-                    (Notification.next_try_at.is_not(None)) & (Notification.next_try_at <= now),
-                    (Notification.next_try_at.is_(None)) & (Notification.enqueued_at < stale_before) & lost,
+                    n.enqueued_at.is_(None),
+                    (n.next_try_at.is_not(None)) & (n.next_try_at <= now),
+                    (n.next_try_at.is_(None)) & (n.enqueued_at < stale_before) & lost,
                 ),
             )
         )
         # "urgent" sorts after "normal": descending takes the urgent lane's rows first
-        .order_by(Notification.priority.desc(), Notification.id)
-        .limit(limit)
+        .order_by(n.priority.desc(), n.id)
+        .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
     )
-    return [DueRow(row.id, row.workspace, row.priority) for row in session.execute(query)]
+
 
 @dataclass(frozen=True)
 class DueRead:
@@ -101,40 +119,52 @@ class DueRead:
     accepted_at: datetime | None
     channel: str
 
+
 def take_due_reads(session: Session, *, now: datetime, limit: int, hold_until: datetime, states: Collection[str],
                    workspace: str = "default") -> list[DueRead]:
     """Take up to ``limit`` attempts due for a read back, oldest first, for this sweep alone: their
     next read moves to ``hold_until`` in the same statement's transaction, and on PostgreSQL rows
     another sweep holds are skipped (``FOR UPDATE SKIP LOCKED``), so sweeps in several processes
     read each attempt once. The caller schedules the real next read (or hands the attempt back)."""
-    due = (
-        select(Attempt.id)
-        .join(Notification, Notification.id == Attempt.notification_id)
-        .where(
-            Attempt.state.in_(sorted(states)),  # the read-back policy's (dispatcher.policy.readback)
-            Attempt.message_id.is_not(None),
-            Attempt.next_read_at <= now,
-            Attempt.number == Notification.current_attempt,
-            Notification.workspace == workspace,  # read back through its own workspace's API
-            or_(Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)), Notification.fallback_decision.is_(None)),
-        )
-        .order_by(Attempt.next_read_at)
-        .limit(limit)
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        due = due.with_for_update(of=Attempt, skip_locked=True)
-    ids = list(session.scalars(due))
+    postgres = session.get_bind().dialect.name == "postgresql"
+    due = _due_reads_statement(tuple(sorted(states)), postgres)
+    ids = list(session.scalars(due, {"now": now, "workspace": workspace, "limit": limit}))
     if not ids:
         return []
-    rows = session.execute(
-        update(ATTEMPTS).where(ATTEMPTS.c.id.in_(ids)).values(next_read_at=hold_until)
-        .returning(ATTEMPTS.c.id, ATTEMPTS.c.message_id, ATTEMPTS.c.conversation_id, ATTEMPTS.c.state,
-                   ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel)
-    ).all()
+    rows = session.execute(_HOLD_READS, {"ids": ids, "hold_until": hold_until}).all()
     order = {attempt_id: position for position, attempt_id in enumerate(ids)}
     return sorted((DueRead(row.id, row.message_id, row.conversation_id, row.state, row.accepted_at, row.channel)
                    for row in rows),
                   key=lambda read: order[read.attempt_id])
+
+
+@functools.cache
+def _due_reads_statement(states: tuple[str, ...], postgres: bool) -> Any:
+    a, n = ATTEMPTS.c, NOTIFICATIONS.c
+    due = (
+        select(a.id)
+        .join(NOTIFICATIONS, n.id == a.notification_id)
+        .where(
+            a.state.in_(states),  # the read-back policy's (dispatcher.policy.readback)
+            a.message_id.is_not(None),
+            a.next_read_at <= bindparam("now", type_=a.next_read_at.type),
+            a.number == n.current_attempt,
+            n.workspace == bindparam("workspace"),  # read back through its own workspace's API
+            or_(a.purpose.in_(sorted(AFTER_DECISION_PURPOSES)), n.fallback_decision.is_(None)),
+        )
+        .order_by(a.next_read_at)
+        .limit(bindparam("limit"))
+    )
+    return due.with_for_update(of=ATTEMPTS, skip_locked=True) if postgres else due
+
+
+_HOLD_READS = (
+    update(ATTEMPTS).where(ATTEMPTS.c.id.in_(bindparam("ids", expanding=True)))
+    .values(next_read_at=bindparam("hold_until", type_=ATTEMPTS.c.next_read_at.type))
+    .returning(ATTEMPTS.c.id, ATTEMPTS.c.message_id, ATTEMPTS.c.conversation_id, ATTEMPTS.c.state,
+               ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel)
+)
+
 
 @dataclass(frozen=True)
 class LateAttempt:
@@ -146,26 +176,32 @@ class LateAttempt:
     message_id: int | None
     purpose: str  # a first send, or its resend as a template (the only ones a deadline decides)
 
+
 def attempts_past_deadline(session: Session, *, route: str, accepted_before: datetime, limit: int,
                            workspace: str = "default") -> list[LateAttempt]:
     """Current attempts through ``route`` accepted before the cut-off, still not delivered, with no
     fallback decided (the first send, or its resend as a template), oldest first."""
-    rows = session.execute(
-        select(Attempt.notification_id, Attempt.id, Attempt.accepted_at, Attempt.message_id, Attempt.purpose)
-        .join(Notification, Notification.id == Attempt.notification_id)
-        .where(
-            Attempt.number == Notification.current_attempt,
-            Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)),
-            Attempt.route == route,
-            Notification.workspace == workspace,
-            Attempt.state.in_([AttemptState.ACCEPTED, AttemptState.SENT]),
-            Attempt.accepted_at < accepted_before,
-            Notification.fallback_decision.is_(None),
-        )
-        .order_by(Attempt.accepted_at)
-        .limit(limit)
-    )
+    rows = session.execute(_PAST_DEADLINE, {"route": route, "workspace": workspace, "accepted_before": accepted_before,
+                                            "limit": limit})
     return [LateAttempt(*row) for row in rows]
+
+
+_PAST_DEADLINE = (
+    select(ATTEMPTS.c.notification_id, ATTEMPTS.c.id, ATTEMPTS.c.accepted_at, ATTEMPTS.c.message_id, ATTEMPTS.c.purpose)
+    .join(NOTIFICATIONS, NOTIFICATIONS.c.id == ATTEMPTS.c.notification_id)
+    .where(
+        ATTEMPTS.c.number == NOTIFICATIONS.c.current_attempt,
+        ATTEMPTS.c.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)),
+        ATTEMPTS.c.route == bindparam("route"),
+        NOTIFICATIONS.c.workspace == bindparam("workspace"),
+        ATTEMPTS.c.state.in_([AttemptState.ACCEPTED.value, AttemptState.SENT.value]),
+        ATTEMPTS.c.accepted_at < bindparam("accepted_before", type_=ATTEMPTS.c.accepted_at.type),
+        NOTIFICATIONS.c.fallback_decision.is_(None),
+    )
+    .order_by(ATTEMPTS.c.accepted_at)
+    .limit(bindparam("limit"))
+)
+
 
 def undecided_failures(session: Session, *, failed_before: datetime | None, limit: int,
                        workspace: str = "default",
@@ -174,17 +210,27 @@ def undecided_failures(session: Session, *, failed_before: datetime | None, limi
     fallback decision, or a fallback or retry whose notification was not ended; recorded before
     ``failed_before`` (None: whenever), of one notification when ``notification_id`` is given.
     (notification id, attempt purpose, error kind, detail)"""
-    rows = session.execute(
-        select(Attempt.notification_id, Attempt.purpose, Attempt.error_kind, Attempt.error_detail)
-        .join(Notification, Notification.id == Attempt.notification_id)
+    statement = _undecided_statement(failed_before is not None, notification_id is not None)
+    rows = session.execute(statement, {"failed_before": failed_before, "notification_id": notification_id,
+                                       "workspace": workspace, "limit": limit}).all()
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+@functools.cache
+def _undecided_statement(before: bool, of_one: bool) -> Any:
+    """:func:`undecided_failures`'s statement, for a cut-off or none and one notification or all."""
+    a, n = ATTEMPTS.c, NOTIFICATIONS.c
+    return (
+        select(a.notification_id, a.purpose, a.error_kind, a.error_detail)
+        .join(NOTIFICATIONS, n.id == a.notification_id)
         .where(
-            Attempt.state == AttemptState.FAILED,
-            Attempt.updated_at < failed_before if failed_before is not None else true(),
-            Attempt.notification_id == notification_id if notification_id is not None else true(),
-            Attempt.number == Notification.current_attempt,
+            a.state == AttemptState.FAILED.value,
+            a.updated_at < bindparam("failed_before", type_=a.updated_at.type) if before else true(),
+            a.notification_id == bindparam("notification_id") if of_one else true(),
+            a.number == n.current_attempt,
             or_(
-                Attempt.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & Notification.fallback_decision.is_(None),
-                Attempt.purpose.in_(sorted(AFTER_DECISION_PURPOSES)),
+                a.purpose.not_in(sorted(AFTER_DECISION_PURPOSES)) & n.fallback_decision.is_(None),
+                a.purpose.in_(sorted(AFTER_DECISION_PURPOSES)),
             ),
             # Open notifications only. Failed or cancelled ones are ended (a cancel fails the current
             # attempt and needs no decision: else every sweep would take it again, and a hundred
@@ -193,10 +239,9 @@ def undecided_failures(session: Session, *, failed_before: datetime | None, limi
             # states, not excluding the ended ones, lets the state index find them: a store's
             # failed attempts are kept for its whole retention (700,000 at 10 million rows, read
             # in 2.3 s every pass before, issue 20's 10x run).
-            Notification.state.in_(sorted(UNSETTLED_NOTIFICATION_STATES)),
-            Notification.workspace == workspace,
+            n.state.in_(sorted(UNSETTLED_NOTIFICATION_STATES)),
+            n.workspace == bindparam("workspace"),
         )
-        .order_by(Attempt.updated_at)
-        .limit(limit)
-    ).all()
-    return [(row[0], row[1], row[2], row[3]) for row in rows]
+        .order_by(a.updated_at)
+        .limit(bindparam("limit"))
+    )

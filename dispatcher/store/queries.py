@@ -621,19 +621,25 @@ def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: dateti
     news since ``quiet_since``: neither received nor published again after it. They are marked as
     published again now, so each one goes to the queue at most once per grace period, however
     often the sweep runs while the consumers are down."""
-    ids = list(
-        session.scalars(
-            select(WebhookDelivery.id)
-            .where(WebhookDelivery.workspace == workspace,
-                   WebhookDelivery.processed_at.is_(None), WebhookDelivery.received_at < quiet_since,
-                   or_(WebhookDelivery.republished_at.is_(None), WebhookDelivery.republished_at < quiet_since))
-            .order_by(WebhookDelivery.id)
-            .limit(limit)
-        )
-    )
+    ids = list(session.scalars(_LOST_DELIVERIES, {"workspace": workspace, "quiet_since": quiet_since, "limit": limit}))
     if ids:
-        session.execute(update(WebhookDelivery).where(WebhookDelivery.id.in_(ids)).values(republished_at=now))
+        session.execute(_REPUBLISHED, {"ids": ids, "now": now})
     return ids
+
+
+_DELIVERIES = table_of(WebhookDelivery)
+# Built once: every tracking sweep runs them.
+_LOST_DELIVERIES = (
+    select(_DELIVERIES.c.id)
+    .where(_DELIVERIES.c.workspace == bindparam("workspace"), _DELIVERIES.c.processed_at.is_(None),
+           _DELIVERIES.c.received_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type),
+           or_(_DELIVERIES.c.republished_at.is_(None),
+               _DELIVERIES.c.republished_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type)))
+    .order_by(_DELIVERIES.c.id)
+    .limit(bindparam("limit"))
+)
+_REPUBLISHED = (update(_DELIVERIES).where(_DELIVERIES.c.id.in_(bindparam("ids", expanding=True)))
+                .values(republished_at=bindparam("now", type_=_DELIVERIES.c.republished_at.type)))
 
 
 def load_delivery(session: Session, delivery_row_id: int) -> WebhookDelivery | None:

@@ -71,15 +71,14 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
         report.reconciled = tracking.reconcile_due(reads, ctx, enqueuer)
     except Wait:
         pass  # the shared limiter is paused: the rest waits for the next sweep; deadlines go on
-    for name, route in ctx.settings.routes.items():
-        with ctx.sessions() as session:
-            late = worklists.attempts_past_deadline(
-                session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s), limit=BATCH,
-                workspace=ctx.settings.workspace_name,
-            )
-        for attempt in late:
-            result = _decide_at_deadline(attempt, route.delivery_deadline_s, ctx, enqueuer)
-            report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
+    with ctx.sessions() as session:  # one read of every route's late attempts, then the decisions
+        late = [(attempt, route.delivery_deadline_s) for name, route in ctx.settings.routes.items()
+                for attempt in worklists.attempts_past_deadline(
+                    session, route=name, accepted_before=ctx.clock() - timedelta(seconds=route.delivery_deadline_s),
+                    limit=BATCH, workspace=ctx.settings.workspace_name)]
+    for attempt, deadline_s in late:
+        result = _decide_at_deadline(attempt, deadline_s, ctx, enqueuer)
+        report.deadline_decisions[result] = report.deadline_decisions.get(result, 0) + 1
     report.repaired = tracking.repair_undecided_failures(
         ctx, enqueuer, failed_before=ctx.clock() - timedelta(seconds=DELIVERY_GRACE_S), limit=BATCH
     )
