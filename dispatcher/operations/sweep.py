@@ -77,7 +77,7 @@ def _relay_one_batch(sessions: sessionmaker[Session], enqueuer: RelayEnqueuer, *
                      now: datetime, queue_empty: bool) -> tuple[int, int]:
     with sessions.begin() as session:
         rows = worklists.due_for_enqueue(session, now=now, stale_before=now - timedelta(seconds=stale_after_s), limit=BATCH,
-                                     send_queue_empty=queue_empty)
+                                         send_queue_empty=queue_empty)
         ids = [row.id for row in rows]
         moves.release_due(session, ids, now=now)
         store.mark_enqueued(session, ids, now=now)  # taken: no other sweep publishes them meanwhile

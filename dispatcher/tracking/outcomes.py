@@ -439,7 +439,7 @@ def repair_undecided_failures(ctx: SendContext, enqueuer: Enqueuer, *, failed_be
     """
     with ctx.sessions() as session:
         undecided = worklists.undecided_failures(session, failed_before=failed_before, limit=limit,
-                                             workspace=ctx.settings.workspace_name)
+                                                 workspace=ctx.settings.workspace_name)
     for notification_id, purpose, error_kind, error_detail in undecided:
         _finish_failure(notification_id, purpose, error_kind, error_detail, ctx, enqueuer)
     return len(undecided)
@@ -451,8 +451,8 @@ def finish_owed_decision(notification_id: int, ctx: SendContext, enqueuer: Enque
     makes it, rather than leave it to the sweep. Idempotent: the decision is a compare-and-set.
     None when nothing is owed."""
     with ctx.sessions() as session:
-        owed = worklists.undecided_failures(session, failed_before=None, limit=1, workspace=ctx.settings.workspace_name,
-                                        notification_id=notification_id)
+        owed = worklists.undecided_failures(session, failed_before=None, limit=1,
+                                            workspace=ctx.settings.workspace_name, notification_id=notification_id)
     if not owed:
         return None
     return _finish_failure(*owed[0], ctx, enqueuer)

@@ -65,8 +65,8 @@ def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callab
         report.republished += 1
     with ctx.sessions.begin() as session:
         reads = worklists.take_due_reads(session, now=ctx.clock(), limit=BATCH, states=READ_BACK_STATES,
-                                     hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S),
-                                     workspace=ctx.settings.workspace_name)
+                                         hold_until=ctx.clock() + timedelta(seconds=READ_HOLD_S),
+                                         workspace=ctx.settings.workspace_name)
     try:
         report.reconciled = tracking.reconcile_due(reads, ctx, enqueuer)
     except Wait:

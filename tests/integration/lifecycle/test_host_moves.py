@@ -136,8 +136,8 @@ def test_a_notification_whose_workspace_left_is_set_aside_not_handed_over_foreve
                                now=NOW, error_kind=moves.WORKSPACE_UNCONFIGURED)
     with sessions.begin() as session:  # the sweep leaves it (it took it every stale_after_s before)
         assert notification_id not in [row.id for row in worklists.due_for_enqueue(session, now=later, stale_before=later, limit=10,
-                                                            send_queue_empty=True)]
+                                                                send_queue_empty=True)]
     with sessions.begin() as session:  # once the workspace is back, an operator's retry hands it over again
         assert moves.retry_set_aside(session, notification_id=notification_id, now=later)
         assert notification_id in [row.id for row in worklists.due_for_enqueue(session, now=later, stale_before=later, limit=10,
-                                                        send_queue_empty=True)]
+                                                            send_queue_empty=True)]

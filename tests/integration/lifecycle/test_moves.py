@@ -247,7 +247,7 @@ def test_a_notification_set_aside_is_left_by_the_sweep_until_an_operator_retries
         assert moves.set_aside(session, notification_id=notification_id, detail="died 20 times", now=NOW)
     with sessions.begin() as session:
         due = worklists.due_for_enqueue(session, now=NOW + timedelta(days=1), stale_before=NOW + timedelta(days=1), limit=10,
-                                    send_queue_empty=True)
+                                        send_queue_empty=True)
     assert notification_id not in [row.id for row in due]
     with sessions.begin() as session:
         assert moves.retry_set_aside(session, notification_id=notification_id, now=NOW)

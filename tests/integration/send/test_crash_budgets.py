@@ -148,12 +148,12 @@ def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retr
     with context.sessions.begin() as session:
         later = utcnow() + timedelta(days=1)
         assert notification_id not in [row.id for row in worklists.due_for_enqueue(session, now=later, stale_before=later, limit=100,
-                                                            send_queue_empty=True)]
+                                                                send_queue_empty=True)]
     # And an operator's retry (once the cause is fixed) hands it back to the sweep, and it is sent once
     set_aside.retry(context.sessions, "evt-loop")
     with context.sessions.begin() as session:
         assert notification_id in [row.id for row in worklists.due_for_enqueue(session, now=utcnow(), stale_before=utcnow(), limit=100,
-                                                        send_queue_empty=True)]
+                                                            send_queue_empty=True)]
     assert "dispatcher_notifications_set_aside 0.0" in render(NotificationStates(context.sessions)).decode()
     assert send_notification(notification_id, context).outcome is Outcome.ACCEPTED
     assert _create_calls(sandbox) == 1
