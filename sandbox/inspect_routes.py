@@ -7,6 +7,7 @@ a customer typing a reply), not for anything the dispatcher may call. They are n
 from __future__ import annotations
 
 import json
+import os
 
 import pydantic
 from starlette.requests import Request
@@ -27,7 +28,8 @@ def _sandbox(request: Request) -> Sandbox:
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok", "pending_webhooks": _sandbox(request).webhooks.pending()})
+    # the pid lets whoever started this process tell it from another sandbox that holds the port
+    return JSONResponse({"status": "ok", "pid": os.getpid(), "pending_webhooks": _sandbox(request).webhooks.pending()})
 
 
 async def messages(request: Request) -> Response:

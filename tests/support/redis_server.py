@@ -50,7 +50,9 @@ class PrivateRedis:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"redis-server exited with {self.process.returncode}")
                 with contextlib.suppress(redis.RedisError):
-                    if client.ping():
+                    # its own answer, not another test's server that took the port meanwhile
+                    # (ours then exits, "address in use", and the loop above says so)
+                    if client.info("server").get("process_id") == self.process.pid:
                         return
                 time.sleep(0.05)
             raise RuntimeError("redis-server did not answer within 10 s")

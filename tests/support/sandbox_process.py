@@ -166,14 +166,19 @@ def _write_config(config_text: str, directory: Path) -> Path:
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, *, timeout_s: float) -> bool:
-    """True once /_sandbox/health answers 200; False if the process exited first."""
+    """True once /_sandbox/health answers 200 from ``proc`` itself; False if the process exited first.
+
+    The pid is compared because the port was chosen free a moment before: another test's sandbox
+    may have taken it meanwhile, and its answer must not pass for this one's (ours then fails to bind
+    and is retried on another port)."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=1.0, trust_env=False) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
             try:
-                if client.get(f"{base_url}/_sandbox/health").status_code == 200:
+                answer = client.get(f"{base_url}/_sandbox/health")
+                if answer.status_code == 200 and answer.json().get("pid") == proc.pid:
                     return True
             except httpx.TransportError:
                 pass
