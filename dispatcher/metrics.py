@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -53,8 +52,7 @@ class NotificationStates(Collector):
         self._sessions = sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from dispatcher.lifecycle.moves import CRASH_LOOP
-        from dispatcher.store.models import Notification, WebhookDelivery
+        from dispatcher.lifecycle.overview import state_counts  # at the first scrape: not every process that counts reads the store
 
         family = GaugeMetricFamily("dispatcher_notifications", "Notifications in the store by state.", labels=["state"])
         crash_loops = GaugeMetricFamily("dispatcher_notifications_set_aside",
@@ -64,13 +62,11 @@ class NotificationStates(Collector):
         store_up = GaugeMetricFamily("dispatcher_store_up", "1 when the store answered this scrape, else 0.")
         try:
             with self._sessions() as session:
-                for state, count in session.execute(select(Notification.state, func.count())
-                                                    .group_by(Notification.state)):
-                    family.add_metric([state], count)
-                crash_loops.add_metric([], session.scalar(select(func.count()).select_from(Notification)
-                                                          .where(Notification.error_kind == CRASH_LOOP)) or 0)
-                set_aside.add_metric([], session.scalar(select(func.count()).select_from(WebhookDelivery)
-                                                        .where(WebhookDelivery.outcome == "set_aside")) or 0)
+                counts = state_counts(session)
+            for state, count in counts.by_state:
+                family.add_metric([state], count)
+            crash_loops.add_metric([], counts.crash_loops)
+            set_aside.add_metric([], counts.deliveries_set_aside)
         except SQLAlchemyError:  # the process's own metrics still answer while the store is away
             store_up.add_metric([], 0)
             yield store_up

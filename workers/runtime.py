@@ -10,6 +10,7 @@ from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, make_breaker, make_limiter, retry_plan_of
 from dispatcher.enqueue import CeleryEnqueuer
 from dispatcher.settings import DEFAULT_WORKSPACE, Settings, load_settings
+from dispatcher.store import queries as store
 from dispatcher.store.db import session_factory, shared_engine
 
 _context: SendContext | None = None
@@ -62,11 +63,9 @@ def workspace_of(table: str, row_id: int) -> str:
     context = send_context()
     if not context.settings.workspaces:
         return DEFAULT_WORKSPACE
-    from sqlalchemy import text
-
     with context.sessions() as session:
-        found = session.execute(text(f"SELECT workspace FROM {table} WHERE id = :id"), {"id": row_id}).scalar()  # noqa: S608
-    return str(found) if found is not None else DEFAULT_WORKSPACE
+        found = store.workspace_of_row(session, table, row_id)
+    return found if found is not None else DEFAULT_WORKSPACE
 
 
 def _build(loaded: Settings) -> SendContext:

@@ -13,8 +13,8 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from dispatcher.callbacks.deliver import deliver_due
 from dispatcher.context import Wait
+from dispatcher.lifecycle.retention import purge
 from dispatcher.metrics import SEND_RESULTS
-from dispatcher.operations.retention import purge
 from dispatcher.operations.sweep import sweep as run_sweep
 from dispatcher.queues import (
     CALLBACKS_TASK,

@@ -21,9 +21,10 @@ from datetime import datetime, timedelta
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.callbacks import outbox, signing
-from dispatcher.callbacks.outbox import DueCallback
+from dispatcher.callbacks import signing
 from dispatcher.settings import Settings
+from dispatcher.store import callbacks as outbox
+from dispatcher.store.callbacks import DueCallback
 from dispatcher.store.models import utcnow
 
 log = logging.getLogger(__name__)

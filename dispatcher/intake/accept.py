@@ -21,12 +21,12 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.queues import Priority, send_queue
-from dispatcher.recipients import suppressions
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.platform import MARKETING
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.settings import ChannelKind, Route, Settings
 from dispatcher.store import queries as store
+from dispatcher.store import suppressions
 from dispatcher.store.models import Notification, utcnow
 from dispatcher.store.record import NotificationRecord
 

@@ -21,7 +21,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,7 +42,7 @@ from dispatcher.queues import Priority, send_queue
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.settings import Settings
 from dispatcher.store import queries as store
-from dispatcher.store.models import Notification, Payload, SpentEvent, table_of, utcnow
+from dispatcher.store.models import utcnow
 
 MAX_BATCH = 1_000
 
@@ -83,7 +82,7 @@ def accept_many(items: Sequence[object], *, sessions: sessionmaker[Session], set
     results: dict[int, BatchItem] = {}
     valid = _checked(items, settings, now, results)
     with sessions() as session:
-        known = _known(session, [item.request.event_id for item in valid])
+        known = store.stored_events(session, [item.request.event_id for item in valid])
         spent = _spent(session, [item.request.event_id for item in valid], settings, now)
     new: list[_Valid] = []
     for item in valid:
@@ -142,23 +141,10 @@ def _refused(index: int, event_id: str | None, invalid: InvalidEvent) -> BatchIt
     return BatchItem(index, event_id, ItemOutcome.REFUSED, field=invalid.field, problem=invalid.problem)
 
 
-def _known(session: Session, event_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """The events among ``event_ids`` stored already: their fingerprint and state."""
-    if not event_ids:
-        return {}
-    rows = session.execute(select(Notification.event_id, Notification.fingerprint, Notification.state)
-                           .where(Notification.event_id.in_(event_ids)))
-    return {event_id: (fingerprint, state) for event_id, fingerprint, state in rows}
-
-
 def _spent(session: Session, event_ids: list[str], settings: Settings, now: datetime) -> set[str]:
     """The events among ``event_ids`` whose notifications retention purged within the horizon."""
-    if not event_ids:
-        return set()
     by_key = {store.event_key(event_id, key=settings.hashing_key): event_id for event_id in event_ids}
-    rows = session.scalars(select(SpentEvent.event_key)
-                           .where(SpentEvent.event_key.in_(list(by_key)), SpentEvent.spent_until > now))
-    return {by_key[key] for key in rows}
+    return {by_key[key] for key in store.spent_event_keys(session, list(by_key), now=now)}
 
 
 def _decided_one_by_one(item: _Valid) -> bool:
@@ -176,9 +162,7 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], enqueu
     try:
         with sessions.begin() as session:
             ids = moves.create_many(session, rows)
-            session.execute(insert(table_of(Payload)),
-                            [{"notification_id": ids[item.request.event_id], "body": payload_of(item.request)}
-                             for item in items])
+            store.add_payloads(session, {ids[item.request.event_id]: payload_of(item.request) for item in items})
     except IntegrityError:  # a twin stored one of these events meanwhile: each item decides alone
         return {item.index: _one(item, sessions, enqueuer, lambda: now) for item in items}
     lanes: dict[str, list[int]] = {}  # each queued row to its workspace's and priority's queue

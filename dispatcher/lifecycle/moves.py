@@ -282,7 +282,7 @@ def claim(session: Session, *, notification_id: int, attempt_id: int, fallback: 
     none could claim after another worker's call, unseen by its look, had sent one.
 
     ``refused_when``: a condition under which the claim must not happen (the recipient opted out,
-    :func:`dispatcher.recipients.suppressions.refusal_clause`), checked by the same statement."""
+    :func:`dispatcher.store.suppressions.refusal_clause`), checked by the same statement."""
     refusal = refused_when if refused_when is not None else _NEVER_REFUSED
     statements = _claim_statements(fallback, refusal.clause)
     params = {**refusal.params, "move_attempt_id": attempt_id, "move_seen_claims": seen_claims, "move_at": now,

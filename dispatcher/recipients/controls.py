@@ -11,22 +11,19 @@ import csv
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import InvalidEvent
-from dispatcher.recipients import suppressions
 from dispatcher.recipients.contact import EMAIL_MAX_CHARS, PLAIN, check_addresses
 from dispatcher.recipients.keys import recipient_keys
-from dispatcher.recipients.suppressions import ALL, Reason, Scope, SuppressionRecord
 from dispatcher.settings import ChannelKind, Settings
 from dispatcher.store import queries as store
-from dispatcher.store.account import Account
-from dispatcher.store.db import insert_for
+from dispatcher.store import suppressions
 from dispatcher.store.models import utcnow
+from dispatcher.store.suppressions import ALL, Reason, Scope, SuppressionRecord
 
 CHANNELS = frozenset({ALL, *(kind.value for kind in ChannelKind)})
 CATEGORY = r"^(\*|[a-z0-9][a-z0-9_.-]{0,63})$"
@@ -166,7 +163,8 @@ class Recipients:
             entries.extend((key, scope.channel, scope.category) for key in recipient.keys(key=self.settings.hashing_key))
         now = utcnow()
         with self.sessions.begin() as session:
-            added = sum(_suppress_chunk(session, self.settings.account, chunk, now) for chunk in _chunks(entries))
+            added = sum(suppressions.suppress_many(session, account=self.settings.account, entries=chunk, now=now)
+                        for chunk in _chunks(entries))
         return ImportReport(rows=count, added=added)
 
     def import_csv(self, path: str) -> ImportReport:
@@ -185,21 +183,3 @@ def _chunks(entries: list[tuple[str, str, str]]) -> Iterator[list[tuple[str, str
     unique = list(dict.fromkeys(entries))
     for start in range(0, len(unique), IMPORT_CHUNK):
         yield unique[start:start + IMPORT_CHUNK]
-
-
-def _suppress_chunk(session: Session, account: Account, chunk: list[tuple[str, str, str]], now: datetime) -> int:
-    """Insert the suppressions of a chunk, skipping those already there, and audit the new ones:
-    ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` answers exactly the rows it added, in batched
-    statements, so 100,000 entries take seconds, not minutes."""
-    table = suppressions.SUPPRESSIONS
-    rows = [{**account.columns, "recipient_key": key, "channel": channel, "category": category,
-             "reason": Reason.HOST.value, "since": now} for key, channel, category in chunk]
-    new = session.execute(
-        insert_for(session)(table).on_conflict_do_nothing()
-        .returning(table.c.recipient_key, table.c.channel, table.c.category), rows
-    ).all()
-    if new:
-        session.execute(suppressions.CHANGES.insert(), [
-            {**account.columns, "recipient_key": key, "channel": channel, "category": category,
-             "action": "suppressed", "reason": Reason.HOST.value, "at": now} for key, channel, category in new])
-    return len(new)

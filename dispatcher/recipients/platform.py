@@ -9,8 +9,8 @@ to another channel: the person said no.
 from __future__ import annotations
 
 from dispatcher.policy.fallback import parse_error_code
-from dispatcher.recipients.suppressions import ALL, Scope
 from dispatcher.settings import ChannelKind
+from dispatcher.store.suppressions import ALL, Scope
 
 MARKETING = "marketing"
 OPT_OUT_CODES = frozenset({"21610", "131050"})

@@ -50,7 +50,6 @@ from dispatcher.policy.retry import Decision, DecisionKind, decide
 from dispatcher.queues import Priority
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.recipients.policy import needs_consent
-from dispatcher.recipients.suppressions import Blocked, blocking_reason, refusal_clause
 from dispatcher.sending.recover import find_sent_message
 from dispatcher.sending.resolve import (
     NotContactable,
@@ -62,6 +61,7 @@ from dispatcher.sending.resolve import (
 )
 from dispatcher.settings import Route
 from dispatcher.store import queries as store
+from dispatcher.store.suppressions import Blocked, blocking_reason, refusal_clause
 from dispatcher.tracking import outcomes as tracking
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -112,6 +112,11 @@ class BoundCondition:
 
     clause: Any
     params: Mapping[str, Any] = field(default_factory=dict)
+
+
+def ping(session: Session) -> None:
+    """One round trip to the store; raises SQLAlchemyError when it does not answer."""
+    session.execute(text("SELECT 1"))
 
 
 def insert_for(session: Session) -> Any:

@@ -200,6 +200,30 @@ def touch_for_run(session: Session, notification_id: int, *, now: datetime) -> N
     )
 
 
+def add_payloads(session: Session, bodies: dict[int, dict[str, Any]]) -> None:
+    """Store many notifications' payloads (by notification ID) in one executemany."""
+    if bodies:
+        session.execute(PAYLOADS.insert(), [{"notification_id": notification_id, "body": body}
+                                            for notification_id, body in bodies.items()])
+
+
+def stored_events(session: Session, event_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """The events among ``event_ids`` stored already: their fingerprint and state."""
+    if not event_ids:
+        return {}
+    rows = session.execute(select(Notification.event_id, Notification.fingerprint, Notification.state)
+                           .where(Notification.event_id.in_(list(event_ids))))
+    return {event_id: (fingerprint, state) for event_id, fingerprint, state in rows}
+
+
+def spent_event_keys(session: Session, keys: Sequence[str], *, now: datetime) -> set[str]:
+    """The event keys among ``keys`` whose notifications retention purged, still within the horizon."""
+    if not keys:
+        return set()
+    return set(session.scalars(select(SpentEvent.event_key)
+                               .where(SpentEvent.event_key.in_(list(keys)), SpentEvent.spent_until > now)))
+
+
 def load_payload(session: Session, notification_id: int) -> dict[str, Any] | None:
     payload = session.get(Payload, notification_id)
     return None if payload is None else payload.body
@@ -440,6 +464,37 @@ def last_incoming_at(session: Session, *, account: Account, contact_id: int, inb
             _same_pair(ServiceWindow, account=account, contact_id=contact_id, inbox_id=inbox_id)
         )
     )
+
+
+def attempt_numbered(session: Session, notification_id: int, number: int) -> Attempt | None:
+    """The notification's attempt of that number, if its row was made."""
+    return session.execute(
+        select(Attempt).where(Attempt.notification_id == notification_id, Attempt.number == number)
+    ).scalar_one_or_none()
+
+
+def workspace_of_row(session: Session, table: str, row_id: int) -> str | None:
+    """The workspace of a notification (``table`` "notifications") or a webhook delivery
+    ("webhook_deliveries") by its row ID; None when there is no such row."""
+    if table == "notifications":
+        found = session.scalar(select(Notification.workspace).where(Notification.id == row_id))
+    elif table == "webhook_deliveries":
+        found = session.scalar(select(WebhookDelivery.workspace).where(WebhookDelivery.id == row_id))
+    else:
+        raise ValueError("table: neither notifications nor webhook_deliveries")
+    return str(found) if found is not None else None
+
+
+def first_attempt_pair(session: Session, event_id: str) -> tuple[int, int] | None:
+    """The contact and inbox the first attempt of the event's notification went to (None: not yet
+    resolved, or no such event)."""
+    row = session.execute(
+        select(Attempt.contact_id, Attempt.inbox_id).join(Notification, Attempt.notification_id == Notification.id)
+        .where(Notification.event_id == event_id, Attempt.number == 1)
+    ).one_or_none()
+    if row is None or row.contact_id is None or row.inbox_id is None:
+        return None
+    return row.contact_id, row.inbox_id
 
 
 # --- delivery tracking ----------------------------------------------------------------------

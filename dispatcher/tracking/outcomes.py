@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dispatcher import metrics, tracing
@@ -38,10 +37,11 @@ from dispatcher.policy.channels import reports_read
 from dispatcher.policy.fallback import EXTERNAL_ERROR, Choice, Facts, Failure, FallbackRules, Next, choose
 from dispatcher.policy.readback import UNCONFIRMED_STATES, next_read_at
 from dispatcher.queues import Priority, send_queue
-from dispatcher.recipients import keywords, platform, suppressions
+from dispatcher.recipients import keywords, platform
 from dispatcher.recipients.keys import keys_of_contact
 from dispatcher.settings import Route
 from dispatcher.store import queries as store
+from dispatcher.store import suppressions
 from dispatcher.store.models import Attempt, Notification
 from dispatcher.tracking.webhooks.events import EventSummary, redacted_error
 
@@ -208,10 +208,7 @@ def record_platform_opt_out(notification_id: int, external_error: str | None, ct
         notification = session.get(Notification, notification_id)
         if notification is None:
             return False
-        attempt = session.execute(
-            select(Attempt).where(Attempt.notification_id == notification_id,
-                                  Attempt.number == notification.current_attempt)
-        ).scalar_one_or_none()
+        attempt = store.attempt_numbered(session, notification_id, notification.current_attempt)
         scope = platform.opt_out_scope(external_error, channel=attempt.channel if attempt else notification.channel or "")
         if scope is None:
             return False

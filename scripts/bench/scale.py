@@ -370,7 +370,7 @@ def main() -> int:
         parser.error("--sweep-rounds and --retention-rounds must be at least 2 (the plans explained are the first round's)")
 
     from dispatcher.enqueue import CeleryEnqueuer, ListEnqueuer
-    from dispatcher.operations.retention import purge
+    from dispatcher.lifecycle.retention import purge
     from dispatcher.operations.sweep import sweep
     from dispatcher.service import Dispatcher
     from dispatcher.store.migrate import upgrade_database

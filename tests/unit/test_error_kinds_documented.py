@@ -28,7 +28,7 @@ from pathlib import Path
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS, WAITING_KINDS
 from dispatcher.policy.fallback import _SEND_FAILURES_WITHOUT_FALLBACK
 from dispatcher.policy.retry import _KINDS
-from dispatcher.recipients.suppressions import Blocked
+from dispatcher.store.suppressions import Blocked
 from tests.conftest import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "notifications.md"

@@ -4,7 +4,8 @@ Every folder (subpackage) is named here with the folders it may import: intake, 
 tracking stand over the recipients, policy, the lifecycle, the store and the API client; the
 lifecycle stands on the store, which imports no other folder (issue 46: the store knows tables and
 rows, the lifecycle what a state means); the operator's tools stand apart. A new folder, or a new
-import across folders, is a decision made here. The imports that are left may form no cycle.
+import across folders, is a decision made here. The imports that are left may form no cycle, and
+SQL is written in the store and the lifecycle only.
 The check reads every module's imports (top level and inside functions) and is tried against a
 planted import, so a reader that sees nothing cannot pass.
 """
@@ -125,6 +126,43 @@ def test_imports_point_down(folder: str) -> None:
         if (names := forbidden_imports(folder, path.read_text()))
     }
     assert offending == {}, f"{folder}/ imports what stands above it or apart: {offending}"
+
+
+# SQL is written in the store and the lifecycle only (issue 46): elsewhere a module may name a
+# session's type and catch the store's errors, and read a row by its key (``session.get``), but
+# builds and runs no statement
+SQL_FOLDERS = ("store", "lifecycle")
+ALLOWED_SQLALCHEMY = ("sqlalchemy.orm", "sqlalchemy.exc")
+STATEMENT_CALLS = frozenset({"execute", "scalar", "scalars", "query", "add", "add_all", "delete", "merge"})
+
+
+def sql_written(source: str) -> list[str]:
+    """What in ``source`` builds or runs a statement: sqlalchemy imports beyond the session's
+    types and errors, and statement calls on a session or connection."""
+    found = [name for name in imported_modules(source)
+             if (name == "sqlalchemy" or name.startswith("sqlalchemy."))
+             and not any(name == allowed or name.startswith(allowed + ".") for allowed in ALLOWED_SQLALCHEMY)]
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STATEMENT_CALLS
+                and isinstance(node.func.value, ast.Name)
+                and ("session" in node.func.value.id or "connection" in node.func.value.id)):
+            found.append(f"{node.func.value.id}.{node.func.attr}()")
+    return found
+
+
+def test_planted_sql_is_seen() -> None:
+    assert sql_written("from sqlalchemy import select\n") == ["sqlalchemy", "sqlalchemy.select"]
+    assert sql_written("def f(session):\n    return session.execute(stmt)\n") == ["session.execute()"]
+    assert sql_written("from sqlalchemy.orm import Session\ndef f(session):\n    return session.get(A, 1)\n") == []
+
+
+def test_sql_lives_in_the_store_and_the_lifecycle() -> None:
+    offending = {
+        str(path.relative_to(REPO_ROOT)): names
+        for path in sorted([*PACKAGE.rglob("*.py"), *(REPO_ROOT / "workers").rglob("*.py")])
+        if path.relative_to(REPO_ROOT).parts[1] not in SQL_FOLDERS and (names := sql_written(path.read_text()))
+    }
+    assert offending == {}, f"SQL outside {', '.join(SQL_FOLDERS)}/: {offending}"
 
 
 def test_workers_use_dispatcher_and_never_the_other_way() -> None:

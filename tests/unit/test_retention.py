@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.errors import EventSpent
-from dispatcher.operations.retention import purge
+from dispatcher.lifecycle.retention import purge
 from dispatcher.service import Dispatcher
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database

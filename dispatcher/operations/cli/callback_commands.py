@@ -8,9 +8,9 @@ import json
 import click
 from sqlalchemy.orm import Session, sessionmaker
 
-from dispatcher.callbacks import outbox
 from dispatcher.operations.cli import exits
 from dispatcher.settings import load_settings
+from dispatcher.store import callbacks as outbox
 from dispatcher.store.db import stored_sessions
 from dispatcher.store.models import utcnow
 

@@ -38,9 +38,9 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from dispatcher.errors import ConfigurationError, DispatcherError, TooLate, UnknownNotification
+from dispatcher.lifecycle import overview as reads
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import NotificationState
-from dispatcher.operations.dashboard import reads
 from dispatcher.operations.since import parse_since
 from dispatcher.policy.breaker import Breaker
 from dispatcher.store import queries as store

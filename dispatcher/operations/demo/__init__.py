@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
-from sqlalchemy import select
 
 from dispatcher.api import Rejected, WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
@@ -41,7 +40,7 @@ from dispatcher.settings import Settings, load_settings
 from dispatcher.store import queries as store
 from dispatcher.store.db import session_factory, shared_engine
 from dispatcher.store.migrate import upgrade_database
-from dispatcher.store.models import Attempt, Notification, utcnow
+from dispatcher.store.models import utcnow
 from dispatcher.store.record import NotificationRecord
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "config" / "dispatcher.example.toml"
@@ -251,14 +250,11 @@ def _customer_replies(settings: Settings, group: Children, sample: Sample, out: 
 def window_is_open(settings: Settings, event_id: str) -> bool:
     """Whether the dispatcher's store has the window open for the contact and inbox of ``event_id``."""
     with session_factory(shared_engine(settings.database_url))() as session:
-        pair = session.execute(
-            select(Attempt.contact_id, Attempt.inbox_id).join(Notification, Attempt.notification_id == Notification.id)
-            .where(Notification.event_id == event_id, Attempt.number == 1)
-        ).one_or_none()
-        if pair is None or pair.contact_id is None or pair.inbox_id is None:
+        pair = store.first_attempt_pair(session, event_id)
+        if pair is None:
             return False
-        return window_open(store.last_incoming_at(session, account=settings.account, contact_id=pair.contact_id,
-                                                  inbox_id=pair.inbox_id), now=utcnow())
+        return window_open(store.last_incoming_at(session, account=settings.account, contact_id=pair[0],
+                                                  inbox_id=pair[1]), now=utcnow())
 
 
 def _kinds_sent(settings: Settings) -> dict[int, str]:

@@ -13,7 +13,6 @@ tracking sweep publishes rows that stay unprocessed), so the consumer must be id
 from __future__ import annotations
 
 import contextlib
-import functools
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.errors import ConfigurationError
@@ -34,12 +32,9 @@ from dispatcher.queues import (
     broker_transport,
     broker_transport_options,
 )
-from dispatcher.store.built_once import BuiltOnce, built_once
-from dispatcher.store.db import dialect_insert
-from dispatcher.store.models import WebhookDelivery, table_of
+from dispatcher.store import deliveries as stored
 
 Publish = Callable[[int], None]
-_TABLE = table_of(WebhookDelivery)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +59,7 @@ class NewDelivery:
 def row_of(sessions: sessionmaker[Session], delivery_id: str) -> int | None:
     """The row a delivery ID was recorded as, if it was."""
     with sessions() as session:
-        return session.execute(select(_TABLE.c.id).where(_TABLE.c.delivery_id == delivery_id)).scalar_one_or_none()
+        return stored.row_of(session, delivery_id)
 
 
 def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewDelivery]) -> list[int | None]:
@@ -72,38 +67,16 @@ def record_deliveries(sessions: sessionmaker[Session], deliveries: Sequence[NewD
     first: dict[str, int] = {}
     for index, delivery in enumerate(deliveries):
         first.setdefault(delivery.delivery_id, index)
-    rows = [{"delivery_id": d.delivery_id, "event": d.event, "summary": d.summary, "received_at": d.received_at,
-             "workspace": d.workspace, "message_id": _message_id(d.summary)}
+    rows = [stored.StoredDelivery(d.delivery_id, d.event, d.summary, d.received_at, d.workspace, _message_id(d.summary))
             for index, d in enumerate(deliveries) if first[d.delivery_id] == index]
     with sessions() as session:
         dialect = session.get_bind().dialect.name
         if dialect not in ("sqlite", "postgresql"):
             raise ConfigurationError("DISPATCHER_DATABASE_URL", f"the receiver needs SQLite or PostgreSQL, not {dialect}")
-        inserted: dict[str, int] = {}
-        for start in range(0, len(rows), DELIVERIES_AT_ONCE):  # a burst: one statement (a larger one, a few)
-            chunk = rows[start:start + DELIVERIES_AT_ONCE]
-            parameters = {f"{column}_{row}": value for row, values in enumerate(chunk) for column, value in values.items()}
-            inserted.update({delivery_id: row_id for row_id, delivery_id
-                             in session.execute(_insert_statement(len(chunk))(session), parameters)})
+        inserted = stored.insert_new(session, rows)
         session.commit()
     return [inserted.get(d.delivery_id) if first[d.delivery_id] == index else None
             for index, d in enumerate(deliveries)]
-
-
-DELIVERIES_AT_ONCE = 64  # rows of one INSERT: a receiver's burst is one statement
-_COLUMNS = ("delivery_id", "event", "summary", "received_at", "workspace", "message_id")
-
-
-@functools.cache
-def _insert_statement(rows: int) -> BuiltOnce:
-    """The INSERT of ``rows`` deliveries (multi-row VALUES, at most :data:`DELIVERIES_AT_ONCE`), built
-    once per row count: ``INSERT ... ON CONFLICT (delivery_id) DO NOTHING RETURNING id, delivery_id``,
-    which SQLAlchemy would otherwise compile for every burst."""
-    values = [{column: bindparam(f"{column}_{row}", type_=_TABLE.c[column].type) for column in _COLUMNS}
-              for row in range(rows)]
-    return built_once(lambda dialect: dialect_insert(dialect)(_TABLE).values(values)
-                      .on_conflict_do_nothing(index_elements=["delivery_id"])
-                      .returning(_TABLE.c.id, _TABLE.c.delivery_id))
 
 
 def _message_id(summary: dict[str, Any]) -> int | None:

@@ -38,7 +38,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
@@ -54,7 +53,7 @@ from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
 from dispatcher.recipients.keywords import vocabulary
 from dispatcher.settings import Settings, load_settings
-from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine
+from dispatcher.store.db import UNSTORABLE_TEXT, ping, session_factory, shared_engine
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary, body_digest, summarize
 from dispatcher.tracking.webhooks.verify import DELIVERY_ID, verify_delivery
@@ -278,7 +277,7 @@ def _store_answers(sessions: sessionmaker[Session]) -> Callable[[], bool]:
     def check() -> bool:
         try:
             with sessions() as session:
-                session.execute(text("SELECT 1"))
+                ping(session)
         except SQLAlchemyError:
             return False
         return True

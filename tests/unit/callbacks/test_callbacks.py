@@ -16,13 +16,13 @@ from pydantic import SecretStr
 from sqlalchemy import select
 from standardwebhooks import Webhook
 
-from dispatcher.callbacks import outbox
 from dispatcher.callbacks.deliver import DeliveryReport, deliver_due
 from dispatcher.callbacks.signing import headers
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.lifecycle import moves
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
+from dispatcher.store import callbacks as outbox
 from dispatcher.store import queries as store
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Callback
@@ -227,7 +227,7 @@ def test_the_examples_in_the_docs_work_as_written(clean_environment: pytest.Monk
 
 
 def test_retention_forgets_told_events_and_keeps_pending_ones(dispatcher: Dispatcher) -> None:
-    from dispatcher.operations.retention import purge
+    from dispatcher.lifecycle.retention import purge
 
     for event_id in ("cb-old-1", "cb-old-2"):
         dispatcher.notify(reminder(event_id, identifier=event_id, phone=PHONE))
@@ -259,7 +259,7 @@ def test_an_open_notification_keeps_its_callbacks_and_numbers_on(dispatcher: Dis
     from sqlalchemy import update
 
     from dispatcher.lifecycle.announce import announce
-    from dispatcher.operations.retention import purge
+    from dispatcher.lifecycle.retention import purge
     from dispatcher.store.models import Notification
 
     dispatcher.notify(reminder("cb-7", identifier="p7", phone=PHONE))

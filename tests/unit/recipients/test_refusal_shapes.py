@@ -4,9 +4,9 @@ same clause for the same shape, with only its parameters new."""
 
 from __future__ import annotations
 
-from dispatcher.recipients.suppressions import refusal_clause
 from dispatcher.store.account import Account
 from dispatcher.store.db import BoundCondition
+from dispatcher.store.suppressions import refusal_clause
 
 ACCOUNT = Account("default", 1)
 

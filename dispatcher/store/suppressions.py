@@ -264,3 +264,22 @@ def _changed(result: Any) -> bool:
 def _audit(session: Session, account: Account, key: str, scope: Scope, action: str, reason: Reason, now: datetime) -> None:
     session.execute(CHANGES.insert().values(**account.columns, recipient_key=key, channel=scope.channel,
                                             category=scope.category, action=action, reason=reason.value, at=now))
+
+
+def suppress_many(session: Session, *, account: Account, entries: Sequence[tuple[str, str, str]], now: datetime) -> int:
+    """Suppress (recipient key, channel, category) entries at the host's word (an import), skipping
+    those already there, and audit the new ones; how many were new. ``INSERT ... ON CONFLICT DO
+    NOTHING RETURNING`` answers exactly the rows it added, in batched statements, so 100,000
+    entries take seconds, not minutes."""
+    table = SUPPRESSIONS
+    rows = [{**account.columns, "recipient_key": key, "channel": channel, "category": category,
+             "reason": Reason.HOST.value, "since": now} for key, channel, category in entries]
+    new = session.execute(
+        insert_for(session)(table).on_conflict_do_nothing()
+        .returning(table.c.recipient_key, table.c.channel, table.c.category), rows
+    ).all()
+    if new:
+        session.execute(CHANGES.insert(), [
+            {**account.columns, "recipient_key": key, "channel": channel, "category": category,
+             "action": "suppressed", "reason": Reason.HOST.value, "at": now} for key, channel, category in new])
+    return len(new)

@@ -1,7 +1,7 @@
-"""What the dashboard shows, read from the store into typed records: counts, one notification's
-timeline, what is set aside. Identifiers, states, times, error kinds and our own plain-words
-details only: the store keeps no content or contact data outside the payload, and nothing here
-reads the payload."""
+"""What operators see of the lifecycle, read from the store into typed records: the dashboard's
+counts, one notification's timeline, what is set aside; the gauges' counts by state.
+Identifiers, states, times, error kinds and our own plain-words details only: the store keeps no
+content or contact data outside the payload, and nothing here reads the payload."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
+from dispatcher.lifecycle.moves import CRASH_LOOP, SET_ASIDE_KINDS
 from dispatcher.store import queries as store
 from dispatcher.store.models import AppliedStatus, Attempt, Callback, Notification, WebhookDelivery
 
@@ -66,6 +66,26 @@ def overview(session: Session, *, now: datetime) -> Overview:
     return Overview(by_state=[(state, count) for state, count in by_state],
                     errors=[ErrorCount(kind, tuple(values)) for kind, values in sorted(counts.items())],
                     set_aside=set_aside, deliveries_set_aside=deliveries)
+
+
+@dataclass(frozen=True)
+class StateCounts:
+    """The gauges read at a scrape: notifications by state, those set aside as a crash loop, and
+    the webhook deliveries the consumer set aside."""
+
+    by_state: list[tuple[str, int]]
+    crash_loops: int
+    deliveries_set_aside: int
+
+
+def state_counts(session: Session) -> StateCounts:
+    by_state = session.execute(select(Notification.state, func.count()).group_by(Notification.state)).tuples()
+    crash_loops = session.scalar(select(func.count()).select_from(Notification)
+                                 .where(Notification.error_kind == CRASH_LOOP)) or 0
+    deliveries = session.scalar(select(func.count()).select_from(WebhookDelivery)
+                                .where(WebhookDelivery.outcome == store.SET_ASIDE)) or 0
+    return StateCounts(by_state=[(state, count) for state, count in by_state], crash_loops=crash_loops,
+                       deliveries_set_aside=deliveries)
 
 
 def set_aside_notifications(session: Session, *, limit: int = 200) -> list[Notification]:
