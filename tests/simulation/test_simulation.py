@@ -20,7 +20,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import CANCELLABLE_NOTIFICATION_STATES, AttemptPurpose, NotificationState
 from dispatcher.policy import fallback
-from dispatcher.sending import send
+from dispatcher.sending import prepare, record
 from dispatcher.store.models import Notification
 from dispatcher.tracking import outcomes
 from tests.simulation import stores
@@ -331,12 +331,12 @@ def test_a_template_inside_the_window_is_caught(monkeypatch: pytest.MonkeyPatch)
     """free_text_in_window bites: a send path that takes every first attempt for a template's sends
     the template while the patient's service window is still open (lost-answers seed 16)."""
     assert run(WORLDS["lost-answers"], seed=16, keep_trace=False).ok
-    choose = send.choose_message_kind
+    choose = prepare.choose_message_kind
 
     def always_template(**rules: Any) -> Any:
         return choose(**(rules | {"template_required": True}))
 
-    monkeypatch.setattr(send, "choose_message_kind", always_template)
+    monkeypatch.setattr(prepare, "choose_message_kind", always_template)
     outcome = run(WORLDS["lost-answers"], seed=16, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["free_text_in_window"]
 
@@ -345,7 +345,7 @@ def test_a_send_that_ignores_quiet_hours_is_caught(monkeypatch: pytest.MonkeyPat
     """quiet_hours bites: without the send path's window check, a message leaves at 08:01:02 on a
     route that sends from 08:02."""
     assert run(WORLDS["quiet-hours"], seed=1, keep_trace=False).ok
-    monkeypatch.setattr(send, "_window_opening", lambda *args, **kwargs: None)
+    monkeypatch.setattr(prepare, "window_opening", lambda *args, **kwargs: None)
     outcome = run(WORLDS["quiet-hours"], seed=1, keep_trace=False)
     assert [v.invariant for v in outcome.violations][:1] == ["quiet_hours"]
 
@@ -408,7 +408,7 @@ def test_an_attempt_left_in_flight_after_an_answer_is_caught(monkeypatch: pytest
     createMessage without handing its attempt back leaves it in flight, and the next run waits
     out the lease (contention seed 10)."""
     assert run(WORLDS["contention"], seed=10, keep_trace=False).ok
-    monkeypatch.setattr(send, "_release", lambda job, ctx: False)
+    monkeypatch.setattr(record, "release", lambda job, ctx: False)
     outcome = run(WORLDS["contention"], seed=10, keep_trace=False)
     assert [(v.invariant, "left in flight" in v.detail) for v in outcome.violations][:1] == [("record_matches", True)]
 

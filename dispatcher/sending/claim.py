@@ -1,0 +1,209 @@
+"""Claim: read what a send needs and take the attempt for this run.
+
+One transaction reads the notification and its current attempt (made on its first run) and guards
+them (still to be sent, not dying in a loop, a readable payload). On the warm path, with inbox,
+contact, source_id and conversation all known, the same transaction marks the attempt in flight;
+the claim statement refuses a recipient who said no. The slow path claims once the call step
+has resolved the target (:func:`claim_resolved`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from dispatcher import metrics
+from dispatcher.context import SendContext
+from dispatcher.errors import InvalidEvent
+from dispatcher.lifecycle import moves
+from dispatcher.lifecycle.states import (
+    SENDABLE_ATTEMPT_STATES,
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptPurpose,
+    AttemptState,
+)
+from dispatcher.policy.channels import window_open as service_window_open
+from dispatcher.queues import Priority
+from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.recipients.policy import needs_consent
+from dispatcher.sending import prepare, record
+from dispatcher.sending.job import MessageBody, Outcome, OwedDecision, SendJob, SendResult, Target, current_attempt
+from dispatcher.sending.resolve import contact_keys
+from dispatcher.store import queries as store
+from dispatcher.store.suppressions import Blocked, blocking_reason, refusal_clause
+
+log = logging.getLogger(__name__)
+
+
+def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | OwedDecision:
+    """Read what the send needs; on the warm path (everything known), also mark it in flight."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        notification = store.load_for_send(session, notification_id)
+        if notification is None:
+            return SendResult(Outcome.SKIPPED, "no such notification")
+        if notification.state not in SENDABLE_NOTIFICATION_STATES:
+            return SendResult(Outcome.SKIPPED, f"notification is {notification.state}")
+        number, route_name, purpose = current_attempt(notification)
+        route = ctx.settings.routes.get(route_name)
+        if route is None:
+            return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
+        attempt = moves.open_attempt(
+            session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
+        )
+        if attempt.state == AttemptState.FAILED:
+            return OwedDecision(number)
+        if attempt.state not in SENDABLE_ATTEMPT_STATES:
+            return SendResult(Outcome.SKIPPED, f"attempt {number} is {attempt.state}")
+        if attempt.runs > ctx.settings.send_max_runs:
+            return _set_aside(session, notification.id, number, attempt.runs - 1, now=now)
+        payload, unreadable = prepare.payload_of(notification.body)
+        job = SendJob(
+            notification_id=notification.id,
+            attempt_id=attempt.id,
+            attempt_number=number,
+            purpose=purpose,
+            attempt_state=AttemptState(attempt.state),
+            route_name=route_name,
+            route=route,
+            tries=attempt.tries,
+            payload=payload,
+            drops_payload_on_acceptance=prepare.last_possible_attempt(purpose, notification.fallback_route, payload),
+            lease_active_s=(attempt.lease_until - now).total_seconds() if attempt.lease_until else 0.0,
+            conversation_id=attempt.conversation_id,
+            content_hash=attempt.content_hash,
+            in_flight_since=attempt.in_flight_since,
+            claims=attempt.claims,
+            no_resend=attempt.state == AttemptState.UNKNOWN and attempt.error_kind not in (None, moves.RE_RESOLVING),
+            re_resolved=attempt.error_kind == moves.RE_RESOLVING,
+            created_at=notification.created_at,
+            send_at=notification.send_at,
+            category=notification.category,
+            urgent=notification.priority == Priority.URGENT,
+        )
+        if payload is None:
+            pass  # failed below, outside this transaction
+        elif job.attempt_state is AttemptState.QUEUED:
+            # The warm path's claim refuses a recipient who said no in its own statement; any
+            # other queued attempt is asked here, before any call (an in-flight or unknown one is
+            # looked for first, in send._send). In quiet hours nothing starts: send._send waits.
+            if job.tries < ctx.plan.max_tries and prepare.window_opening(job, ctx.settings, now=now) is None:
+                job = _start_if_known(session, job, ctx, now=now)
+            if job.started is None and (blocked := refuse_if_said_no(session, job, ctx, now=now)):
+                if blocked.outcome is Outcome.SKIPPED:  # lost a race to another worker: no crash
+                    moves.end_run(session, attempt_id=job.attempt_id)
+                return blocked
+        if job.started is None:
+            store.touch_for_run(session, job.notification_id, now=now)
+    if unreadable:
+        return record.fail(job, ctx, "payload_unreadable", "the notification's stored payload cannot be read")
+    if payload is None:
+        return record.fail(job, ctx, "payload_missing", "the notification's payload is gone")
+    return job
+
+
+def _start_if_known(session: Session, job: SendJob, ctx: SendContext, *, now: datetime) -> SendJob:
+    """The warm path: with inbox, contact, source_id and conversation all known, mark the
+    attempt in flight in the loading transaction itself (one commit before createMessage)."""
+    inbox = ctx.inboxes.cached(job.route)
+    if inbox is None:
+        return job
+    contact_id, source_id, conversation_id, last_incoming = store.cached_target(
+        session, account=ctx.settings.account, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
+        inbox_id=inbox.id
+    )
+    window = service_window_open(last_incoming, now=now)
+    if contact_id is None or source_id is None or conversation_id is None:
+        return job
+    target = Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
+    try:
+        body = prepare.message_body(job, ctx.settings, window_open=window)
+    except InvalidEvent:
+        return job  # the slow path fails it with the error recorded
+    if not claim_attempt(session, job, ctx, target, body, now=now):
+        return job
+    return replace(job, started=target, body=body, claims=job.claims + 1)  # its own claim: the attempt is this run's
+
+
+def refuse_if_said_no(session: Session, job: SendJob, ctx: SendContext, *, now: datetime) -> SendResult | None:
+    """The recipient opted out of this channel and category, or the route needs consent that is
+    not recorded: end the notification (no call, no fallback) in the caller's transaction, the
+    one that would claim the attempt. None: the send may go on."""
+    blocked = blocking_reason(session, account=ctx.settings.account,
+                              keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
+                              channel=job.route.channel.value, category=job.category,
+                              needs_consent=needs_consent(job.route, ctx.settings))
+    if blocked is None:
+        return None
+    if blocked is Blocked.OPTED_OUT:
+        detail = f"the recipient opted out of {job.route.channel.value} ({job.category}); nothing was sent"
+    else:
+        detail = f"route {job.route_name!r} needs the recipient's consent and none is recorded; nothing was sent"
+    if not moves.end_opted_out(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
+                               error_kind=blocked.value, detail=detail, now=now, seen_claims=job.claims):
+        return SendResult(Outcome.SKIPPED, "the attempt moved on since this run read it")
+    store.drop_payload(session, job.notification_id)  # nothing more will be sent: the content goes now
+    log.warning("attempt %s of notification %s not sent: %s", job.attempt_number, job.notification_id, blocked.value)
+    metrics.RECIPIENT_REFUSALS.labels(reason=blocked.value).inc()
+    return SendResult(Outcome.FAILED, f"{blocked.value}: {detail}")
+
+
+def claim_attempt(
+    session: Session, job: SendJob, ctx: SendContext, target: Target, body: MessageBody, *, now: datetime
+) -> bool:
+    return moves.claim(
+        session,
+        notification_id=job.notification_id,
+        attempt_id=job.attempt_id,
+        fallback=job.purpose is AttemptPurpose.FALLBACK,
+        target=moves.Target(inbox_id=target.inbox_id, contact_id=target.contact_id,
+                            conversation_id=target.conversation_id, channel=job.route.channel.value,
+                            content_hash=store.content_hash(body.content)),
+        now=now,
+        lease_until=now + timedelta(seconds=ctx.settings.send_lease_s),
+        seen_claims=job.claims,
+        refused_when=refusal_clause(account=ctx.settings.account,
+                                    keys=keys_of_contact(job.contact, key=ctx.settings.hashing_key),
+                                    channel=job.route.channel.value, category=job.category,
+                                    needs_consent=needs_consent(job.route, ctx.settings)),
+    )
+
+
+def _set_aside(session: Session, notification_id: int, number: int, died: int, *, now: datetime) -> SendResult:
+    """The send task died ``died`` times on this attempt (killed mid-run, or a bug that kills its
+    process): stop running it. The notification keeps its state and its attempt (which may be in
+    flight: the next run looks for its message first), shows ``crash_loop`` with why, and waits
+    for an operator's ``dispatcher retry``. Not a provider failure: no fallback, no tries spent."""
+    detail = f"the send task died {died} times on attempt {number}; set aside until `dispatcher retry`"
+    moves.set_aside(session, notification_id=notification_id, detail=detail, now=now)
+    log.error("notification %s set aside: %s: %s", notification_id, moves.CRASH_LOOP, detail)
+    return SendResult(Outcome.SET_ASIDE, f"{moves.CRASH_LOOP}: {detail}")
+
+
+def set_aside_unconfigured(notification_id: int, workspace: str, ctx: SendContext) -> SendResult:
+    """The notification's workspace is no longer configured: nothing may be sent through another.
+    Set it aside, saying so, so that the sweep stops handing it over (it would forever), until the
+    workspace is configured again and an operator runs ``dispatcher retry``."""
+    detail = f"its workspace {workspace!r} is not configured; set aside until it is and `dispatcher retry`"
+    with ctx.sessions.begin() as session:
+        moves.set_aside(session, notification_id=notification_id, detail=detail, now=ctx.clock(),
+                        error_kind=moves.WORKSPACE_UNCONFIGURED)
+    log.error("notification %s set aside: %s", notification_id, moves.WORKSPACE_UNCONFIGURED)
+    return SendResult(Outcome.SET_ASIDE, f"{moves.WORKSPACE_UNCONFIGURED}: {detail}")
+
+
+def claim_resolved(job: SendJob, ctx: SendContext, target: Target, body: MessageBody) -> SendJob | SendResult:
+    """The slow path's claim, once the target is resolved: the attempt marked in flight for it, the
+    job with its own claim counted. The claim refuses a recipient who said no while this run looked
+    the contact up; then the same transaction ends the notification, saying why."""
+    now = ctx.clock()
+    with ctx.sessions.begin() as session:
+        taken = claim_attempt(session, job, ctx, target, body, now=now)
+        blocked = None if taken else refuse_if_said_no(session, job, ctx, now=now)
+    if blocked is not None:
+        return blocked
+    if not taken:
+        return SendResult(Outcome.SKIPPED, "another worker claimed the attempt since this run read it")
+    return replace(job, claims=job.claims + 1)  # its own claim: the attempt is this run's
