@@ -23,7 +23,7 @@ from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
 from dispatcher.store.built_once import built_once
-from dispatcher.store.db import BoundCondition, dialect_insert
+from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert
 from dispatcher.store.models import Attempt, Notification, table_of
 
 NOTIFICATIONS = table_of(Notification)
@@ -529,6 +529,14 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
         return None
     announce(session, notification_id, now=now)
     return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
+
+
+def accept_outside_a_transaction(session: Session, *, drops_payload: bool) -> bool:
+    """Whether :func:`accept` is one statement here, so that the send path may run it outside a
+    transaction block (then, on PostgreSQL, it is one round trip: no BEGIN, no COMMIT): PostgreSQL,
+    no host callback to write with it, no payload to drop with it. The caller asks before the
+    session's first statement and then takes its connection in autocommit."""
+    return _one_statement(session) and not drops_payload and not session.info.get(ANNOUNCE_KEY)
 
 
 @functools.cache

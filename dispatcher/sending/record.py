@@ -280,7 +280,13 @@ def record_acceptance(job: SendJob, ctx: SendContext, message: Message, outcome:
     # came before we knew its ID) is recorded as sent; its failure is then applied like any
     # outcome below, so the single fallback decision is made.
     state = AttemptState.SENT if reported is AttemptState.FAILED else reported
-    with ctx.sessions.begin() as session:
+    # An adopted message may already be delivered or read (its reports came while its send was
+    # unrecorded, and no later report will drop the content): no other attempt can be needed any
+    # more, as when the consumer applies delivered.
+    drops_payload = job.drops_payload_on_acceptance or state in (AttemptState.DELIVERED, AttemptState.READ)
+    with ctx.sessions() as session:
+        if moves.accept_outside_a_transaction(session, drops_payload=drops_payload):
+            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})  # one statement: its own transaction
         accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
                                 message_id=message.id, state=state, now=now,
                                 next_read_at=next_read_at(state=state, reports_read=reports_read(job.route.channel.value),
@@ -288,11 +294,9 @@ def record_acceptance(job: SendJob, ctx: SendContext, message: Message, outcome:
                                 without_waiting=True)  # lost in a database crash? recovery adopts the message again
         if accepted is None:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
-        # An adopted message may already be delivered or read (its reports came while its send
-        # was unrecorded, and no later report will drop the content): no other attempt can be
-        # needed any more, as when the consumer applies delivered.
-        if job.drops_payload_on_acceptance or state in (AttemptState.DELIVERED, AttemptState.READ):
+        if drops_payload:
             store.drop_payload(session, job.notification_id)
+        session.commit()
     if reported is AttemptState.FAILED:
         tracking.apply_outcome(tracking.Outcome(message.id, "failed", message.external_error), ctx, ctx.enqueuer)
     if job.created_at is not None:

@@ -46,10 +46,14 @@ def _machine_rabbitmq_answers() -> bool:
 
 
 def _refuses(port: int) -> bool:
+    """Whether nothing listens on the port any more. A node going down may still take a
+    connection and reset it: not yet refused, asked again."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     except ConnectionRefusedError:
         return True
+    except (ConnectionResetError, ConnectionAbortedError, TimeoutError):
+        return False
     return False
 
 

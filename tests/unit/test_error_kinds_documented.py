@@ -260,9 +260,9 @@ def test_the_scan_finds_what_the_survey_found() -> None:
         "crash_loop": "dispatcher/lifecycle/moves.py",  # set_aside's default, a constant
         "cancelled": "dispatcher/lifecycle/moves.py",  # a dict entry, a constant
         "failed": "dispatcher/lifecycle/moves.py",  # coalesce(..., decision.error_kind or "failed")
-        "outcome_unknown": "dispatcher/sending/send.py",  # a local variable, an imported constant
-        "workspace_unconfigured": "dispatcher/sending/send.py",  # moves.WORKSPACE_UNCONFIGURED
-        "not_contactable": "dispatcher/sending/send.py",  # _fail's third argument
+        "outcome_unknown": "dispatcher/sending/record.py",  # a local variable, an imported constant
+        "workspace_unconfigured": "dispatcher/sending/claim.py",  # moves.WORKSPACE_UNCONFIGURED
+        "not_contactable": "dispatcher/sending/send.py",  # record.fail's third argument
         "internal": "dispatcher/tracking/outcomes.py",  # a positional argument, error_kind or "internal"
         "external_error": "dispatcher/tracking/outcomes.py",
     }.items():
