@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, or_, select, text, true, update
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
@@ -531,12 +532,22 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
     return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
 
 
+def outside_a_transaction(session: Session) -> bool:
+    """Whether the moves here are one statement each (PostgreSQL), so that a caller whose writes
+    are each one guarded move may run them outside a transaction block: each statement its own
+    transaction, no BEGIN or COMMIT round trip. Ask before the session's first statement, then take
+    its connection in autocommit. Not where the pool shares one connection among sessions (the
+    deterministic simulation's, which runs every node on one connection): there another session's
+    transaction may be open on it, and every statement stays in the caller's transaction."""
+    return _one_statement(session) and not isinstance(session.get_bind().engine.pool, StaticPool)
+
+
 def accept_outside_a_transaction(session: Session, *, drops_payload: bool) -> bool:
     """Whether :func:`accept` is one statement here, so that the send path may run it outside a
     transaction block (then, on PostgreSQL, it is one round trip: no BEGIN, no COMMIT): PostgreSQL,
     no host callback to write with it, no payload to drop with it. The caller asks before the
     session's first statement and then takes its connection in autocommit."""
-    return _one_statement(session) and not drops_payload and not session.info.get(ANNOUNCE_KEY)
+    return outside_a_transaction(session) and not drops_payload and not session.info.get(ANNOUNCE_KEY)
 
 
 @functools.cache

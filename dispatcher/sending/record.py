@@ -284,7 +284,7 @@ def record_acceptance(job: SendJob, ctx: SendContext, message: Message, outcome:
     # unrecorded, and no later report will drop the content): no other attempt can be needed any
     # more, as when the consumer applies delivered.
     drops_payload = job.drops_payload_on_acceptance or state in (AttemptState.DELIVERED, AttemptState.READ)
-    with ctx.sessions() as session:
+    with ctx.sessions.begin() as session:
         if moves.accept_outside_a_transaction(session, drops_payload=drops_payload):
             session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})  # one statement: its own transaction
         accepted = moves.accept(session, notification_id=job.notification_id, attempt_id=job.attempt_id,
@@ -296,7 +296,6 @@ def record_acceptance(job: SendJob, ctx: SendContext, message: Message, outcome:
             return SendResult(Outcome.SKIPPED, "the attempt was recorded by another worker")
         if drops_payload:
             store.drop_payload(session, job.notification_id)
-        session.commit()
     if reported is AttemptState.FAILED:
         tracking.apply_outcome(tracking.Outcome(message.id, "failed", message.external_error), ctx, ctx.enqueuer)
     if job.created_at is not None:

@@ -30,6 +30,7 @@ from dispatcher.tracking.reconcile import process_deliveries
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
+from tests.support.tcp_proxy import tcp_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -160,3 +161,26 @@ def test_a_warm_send_is_five_statements_and_its_acceptance_one_round_trip_that_c
         assert autocommit_at_accept == [True]
     else:  # SQLite keeps its transaction (BEGIN IMMEDIATE): the acceptance is two statements there
         assert autocommit_at_accept == [False]
+
+
+def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess, fresh_postgres_url: str,
+                                                        clean_environment: pytest.MonkeyPatch) -> None:
+    """What PostgreSQL sees of a warm send, counted by a proxy between the two (every turn of the
+    client to speak: BEGIN, a statement, COMMIT, the pool's ping of a connection it hands out):
+    the claim's 4 statements and the acceptance's 1, each outside a transaction block, and a ping
+    for each of the two connections the send takes from the pool."""
+    sandbox.reset()
+    url = sa.engine.make_url(fresh_postgres_url)
+    with tcp_proxy(url.host or "127.0.0.1", url.port or 5432) as proxy, \
+            send_context(example_settings(api_url=sandbox.base_url, database_url=url.set(
+                host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))) as ctx:
+        ctx.enqueuer = ListEnqueuer()
+        _handed_over_and_sent(ctx, "wire-0", "patient-wire")  # the contact, its source_id and conversation are known now
+        intake.accept(parse_request(reminder("wire-1", identifier="patient-wire", phone="+15550418888")),
+                      sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
+        with ctx.sessions() as session:
+            notification = store.find_notification_by_event(session, "wire-1")
+            assert notification is not None
+        before = proxy.round_trips
+        assert drive(ctx, notification.id)[-1].outcome is Outcome.ACCEPTED
+        assert proxy.round_trips - before == 7

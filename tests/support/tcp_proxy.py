@@ -3,7 +3,8 @@
 ``cut()`` closes every open connection and refuses new ones (the client sees its connection reset,
 then "connection refused"-like failures); ``freeze()`` keeps every connection open but passes no
 byte either way (a database that hangs: only timeouts end a wait); ``restore()`` lets connections
-through again. The
+through again. ``round_trips`` counts the client's turns to speak, over every connection: a run of
+bytes from a client after its server spoke (or first) is one round trip, however many packets. The
 database behind it stays up and is shared, so only the processes that connect through the proxy
 live through the outage.
 """
@@ -31,6 +32,7 @@ class TcpProxy:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
+        self.round_trips = 0
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
         self._thread.start()
 
@@ -73,15 +75,21 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets |= {client, upstream}
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            last_speaker: list[str] = [""]  # this connection's, shared by its two pumps
+            for source, sink, speaker in ((client, upstream, "client"), (upstream, client, "server")):
+                threading.Thread(target=self._pump, args=(source, sink, speaker, last_speaker), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, speaker: str = "", last_speaker: list[str] | None = None) -> None:
         try:
             while chunk := source.recv(65536):
                 while not self._flowing.wait(timeout=0.1):  # frozen: hold the bytes
                     if self._stopping.is_set() or not self._open.is_set():
                         return
+                if last_speaker is not None:
+                    with self._lock:
+                        if speaker == "client" and last_speaker[0] != "client":
+                            self.round_trips += 1
+                        last_speaker[0] = speaker
                 sink.sendall(chunk)
         except OSError:
             pass
