@@ -113,13 +113,13 @@ def test_the_count_sees_a_statement_compiled_on_every_execution(context: SendCon
     assert sum(compiled.values()) == 2
 
 
-def test_a_warm_send_is_five_statements_and_its_acceptance_one_round_trip_that_commits_without_waiting(
+def test_a_warm_send_is_five_statements_each_alone_and_its_acceptance_commits_without_waiting(
         context: SendContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim (the load, the attempt's upsert, the known target, the compare-and-set) in a
-    transaction, and the acceptance: on PostgreSQL five statements, the acceptance one statement
-    outside a transaction block (psycopg sends no BEGIN and no COMMIT in autocommit) that turns
-    ``synchronous_commit`` off for its own implicit transaction (no ``SET LOCAL`` of its own): 7
-    round trips a warm send, from 10 (BEGIN, 4 statements and COMMIT, then 1)."""
+    """The claim (the load, the attempt's upsert, the known target, the compare-and-set) and the
+    acceptance: on PostgreSQL five statements, each outside a transaction block (psycopg sends no
+    BEGIN and no COMMIT in autocommit), the acceptance's turning ``synchronous_commit`` off for its
+    own implicit transaction (no ``SET LOCAL`` of its own). On SQLite two transactions, as before.
+    The round trips on the wire: the next test."""
     _handed_over_and_sent(context, "rt-0", "patient-rt")  # the contact, its source_id and conversation are known now
     request = reminder("rt-1", identifier="patient-rt", phone="+15550419999")
     intake.accept(parse_request(request), sessions=context.sessions, settings=context.settings, enqueuer=ListEnqueuer())
@@ -131,12 +131,21 @@ def test_a_warm_send_is_five_statements_and_its_acceptance_one_round_trip_that_c
     commits: list[int] = []
     autocommit_at_accept: list[bool] = []
     accepted_with: list[str] = []
-    accept = moves.accept
+    accept, claim = moves.accept, moves.claim
+    autocommit_at_claim: list[bool] = []
+
+    def autocommit(session: Any) -> bool:
+        return bool(getattr(session.connection().connection.dbapi_connection, "autocommit", False))
 
     def accept_and_look(session: Any, **kwargs: Any) -> Any:
         accepted = accept(session, **kwargs)
-        autocommit_at_accept.append(bool(getattr(session.connection().connection.dbapi_connection, "autocommit", False)))
+        autocommit_at_accept.append(autocommit(session))
         return accepted
+
+    def claim_and_look(session: Any, **kwargs: Any) -> Any:
+        claimed = claim(session, **kwargs)
+        autocommit_at_claim.append(autocommit(session))
+        return claimed
 
     def keep(_conn: object, _cursor: object, statement: str, *_: object) -> None:
         statements.append(" ".join(statement.split())[:40])
@@ -146,6 +155,7 @@ def test_a_warm_send_is_five_statements_and_its_acceptance_one_round_trip_that_c
         commits.append(1)
 
     monkeypatch.setattr(moves, "accept", accept_and_look)
+    monkeypatch.setattr(moves, "claim", claim_and_look)
     sa.event.listen(engine, "before_cursor_execute", keep)
     sa.event.listen(engine, "commit", commit)
     try:
@@ -158,9 +168,9 @@ def test_a_warm_send_is_five_statements_and_its_acceptance_one_round_trip_that_c
         assert len(statements) == 5, statements
         assert not any(statement.startswith("SET") for statement in statements)
         assert "set_config" in accepted_with[-1] and "message_id" in accepted_with[-1]
-        assert autocommit_at_accept == [True]
-    else:  # SQLite keeps its transaction (BEGIN IMMEDIATE): the acceptance is two statements there
-        assert autocommit_at_accept == [False]
+        assert (autocommit_at_claim, autocommit_at_accept) == ([True], [True])
+    else:  # SQLite keeps its transactions (BEGIN IMMEDIATE): a move is two statements there
+        assert (autocommit_at_claim, autocommit_at_accept) == ([False], [False])
 
 
 def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess, fresh_postgres_url: str,
@@ -168,7 +178,8 @@ def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess,
     """What PostgreSQL sees of a warm send, counted by a proxy between the two (every turn of the
     client to speak: BEGIN, a statement, COMMIT, the pool's ping of a connection it hands out):
     the claim's 4 statements and the acceptance's 1, each outside a transaction block, and a ping
-    for each of the two connections the send takes from the pool."""
+    for each of the two connections the send takes from the pool (``pool_pre_ping``: a restarted
+    server costs no failed send). 11 with the claim and the acceptance in transactions."""
     sandbox.reset()
     url = sa.engine.make_url(fresh_postgres_url)
     with tcp_proxy(url.host or "127.0.0.1", url.port or 5432) as proxy, \
