@@ -23,6 +23,7 @@ applied statuses and known contacts beside them, and measures the beat sweeps as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -32,6 +33,7 @@ from typing import Any
 
 import common  # noqa: F401
 from common import BENCH_SANDBOX, emit, environment, private_redis, reminder, settings_from, temp_database
+from sqlalchemy.engine import make_url
 from sqlalchemy.engine.interfaces import CacheStats
 
 # The store as a busy deployment holds it within the retention period: settled notifications from
@@ -368,6 +370,9 @@ def main() -> int:
     parser.add_argument("--contacts", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5, help="the sends are timed in this many rounds; medians are reported")
     parser.add_argument("--profile", type=int, default=300, help="warm sends profiled at the first size (0: none)")
+    parser.add_argument("--db-latency-ms", type=float, default=0.0,
+                        help="the sends reach PostgreSQL through a proxy that holds each answer this long (a database on "
+                             "another machine); round trips per send are counted on the wire then")
     args = parser.parse_args()
 
     from dispatcher.enqueue import ListEnqueuer
@@ -375,27 +380,39 @@ def main() -> int:
     from dispatcher.store.migrate import upgrade_database
     from tests.support.dispatcher_setup import drive, send_context
     from tests.support.sandbox_process import running_sandbox
+    from tests.support.tcp_proxy import tcp_proxy
 
     sizes: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
-    with temp_database() as database_url, private_redis() as broker_url, running_sandbox(BENCH_SANDBOX) as sandbox:
+    with contextlib.ExitStack() as stack, temp_database() as database_url, private_redis() as broker_url, \
+            running_sandbox(BENCH_SANDBOX) as sandbox:
         upgrade_database(database_url)
         env = environment(api_url=sandbox.base_url, database_url=database_url, broker_url=broker_url)
         settings = settings_from(env)
         dispatcher = Dispatcher(settings, enqueuer=ListEnqueuer())
-        engine = dispatcher.sessions.kw["bind"]
+        engine = dispatcher.sessions.kw["bind"]  # the fill and the hand-over: direct
+        direct = make_url(database_url)
+        proxy = stack.enter_context(tcp_proxy(direct.host or "127.0.0.1", direct.port or 5432,
+                                              answer_delay_s=args.db_latency_ms / 1000)) if args.db_latency_ms else None
+        if proxy is not None:
+            settings = settings.model_copy(update={"database_url": direct.set(host="127.0.0.1", port=proxy.port)
+                                                   .render_as_string(hide_password=False)})
         with send_context(settings) as context:
             for contact in range(args.contacts):
                 dispatcher.notify(reminder(f"warm-{contact}", contact))
                 drive(context, dispatcher.enqueuer.sent[-1])
-            clock = DriverClock(engine)
+            clock = DriverClock(context.sessions.kw["bind"])  # the sends' own engine (through the proxy, if any)
             for number, rows in enumerate(sorted(args.sizes)):
                 filled = fill_to(engine, rows)
                 ids = hand_over(dispatcher, f"db{rows}", args.sends, args.contacts)
                 send_all(context, ids[: min(50, len(ids))], clock)  # settle caches and connections; not counted
                 rest = ids[min(50, len(ids)):]
+                trips_before = proxy.round_trips if proxy is not None else 0
                 rounds = [send_all(context, rest[i::args.rounds], clock) for i in range(args.rounds)]
-                sizes.append({**filled, **_median_of(rounds)})
+                measured = _median_of(rounds)
+                if proxy is not None:  # the pings and statements of the timed sends, as PostgreSQL saw them
+                    measured["round_trips_per_send"] = round((proxy.round_trips - trips_before) / len(rest), 2)
+                sizes.append({**filled, **measured})
                 if number == 0 and args.profile:
                     profile = profile_sends(context, hand_over(dispatcher, "prof", args.profile, args.contacts))
     first, last = sizes[0], sizes[-1]

@@ -14,14 +14,18 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 from tests.support.sandbox_process import free_port
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, answer_delay_s: float = 0.0) -> None:
+        """``answer_delay_s``: each run of the server's bytes is held this long, so every round trip
+        costs that much more (a database on another machine, for a benchmark)."""
         self.target = (target_host, target_port)
+        self.answer_delay_s = answer_delay_s
         self.port = free_port()
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._listener.settimeout(0.2)
@@ -90,6 +94,8 @@ class TcpProxy:
                         if speaker == "client" and last_speaker[0] != "client":
                             self.round_trips += 1
                         last_speaker[0] = speaker
+                if speaker == "server" and self.answer_delay_s:
+                    time.sleep(self.answer_delay_s)
                 sink.sendall(chunk)
         except OSError:
             pass
@@ -103,8 +109,8 @@ class TcpProxy:
 
 
 @contextlib.contextmanager
-def tcp_proxy(target_host: str, target_port: int) -> Iterator[TcpProxy]:
-    proxy = TcpProxy(target_host, target_port)
+def tcp_proxy(target_host: str, target_port: int, *, answer_delay_s: float = 0.0) -> Iterator[TcpProxy]:
+    proxy = TcpProxy(target_host, target_port, answer_delay_s=answer_delay_s)
     try:
         yield proxy
     finally:
