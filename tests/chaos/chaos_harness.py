@@ -47,6 +47,7 @@ from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from dispatcher.store.queries import received_evidence
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.ports import listens
 from tests.support.postgres_server import PrivatePostgres, private_postgres
 from tests.support.rabbitmq_node import private_rabbitmq, queued_of
 from tests.support.redis_server import PrivateRedis as BasePrivateRedis
@@ -421,7 +422,8 @@ def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
                         for name, concurrency in workers.items():
                             group.start_worker(name, concurrency=concurrency, queues=queue)
                     group.start_beat()
-                    wait_for(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz"), 30, "the receiver")
+                    wait_for(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz")
+                             and listens(group.processes["receiver"].pid, receiver_port), 30, "the receiver")
                     wait_for(lambda: all(len(group.pool_children(name)) >= concurrency
                                          for name, concurrency in {**SENDERS, **CONSUMERS, **RELAYS}.items()),
                              60, "every worker's pool")

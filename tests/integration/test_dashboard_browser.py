@@ -27,6 +27,7 @@ from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from tests.conftest import REPO_ROOT
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
+from tests.support.ports import listens
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import wait_until
 
@@ -93,7 +94,7 @@ def dashboard(filled: Store, tmp_path: Path) -> Iterator[str]:
                                env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _answers(base), timeout_s=30, what="the dashboard")
+        wait_until(lambda: _answers(base) and listens(process.pid, port), timeout_s=30, what="the dashboard")
         yield base
     finally:
         process.terminate()

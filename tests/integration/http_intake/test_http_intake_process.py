@@ -29,6 +29,7 @@ import sqlalchemy as sa
 
 from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
+from tests.support.ports import listens
 from tests.support.sandbox_process import free_port
 from tests.support.worker_process import dispatcher_environment, fresh_broker_url, wait_until
 
@@ -108,9 +109,10 @@ def _healthy(base_url: str, process: subprocess.Popen[bytes]) -> bool:
     if process.poll() is not None:
         raise AssertionError(f"the intake exited with {process.returncode}")
     try:
-        return httpx.get(f"{base_url}/healthz", timeout=1.0, trust_env=False).status_code == 200
+        answered = httpx.get(f"{base_url}/healthz", timeout=1.0, trust_env=False).status_code == 200
     except httpx.TransportError:
         return False
+    return answered and listens(process.pid, int(base_url.rsplit(":", 1)[1]))  # its own answer
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

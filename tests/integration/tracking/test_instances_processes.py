@@ -21,6 +21,7 @@ from dispatcher.service import Dispatcher
 from dispatcher.store.migrate import upgrade_database
 from tests.integration.send.test_workers import _settings_from
 from tests.support.dispatcher_setup import reminder
+from tests.support.ports import listens
 from tests.support.sandbox_process import free_port, running_sandbox
 from tests.support.worker_process import dispatcher_environment, fresh_broker_url, process_group, wait_until
 
@@ -71,11 +72,13 @@ def test_two_instances_numbering_alike_each_track_their_own_messages(
         north_events = [f"north-{number}" for number in range(3)]
         south_events = [f"south-{number}" for number in range(3)]
         with process_group(env, tmp_path) as group:
-            group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1", "--port", str(receiver_port)])
+            started = group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1", "--port",
+                                               str(receiver_port)])
             group.start_worker("sender", concurrency=2)
             group.start_worker("consumer", concurrency=2, queues="dispatcher.outcomes")
             group.start_beat()
-            wait_until(lambda: _answers(f"{receiver}/healthz"), timeout_s=30, what="the receiver")
+            wait_until(lambda: _answers(f"{receiver}/healthz") and listens(started.pid, receiver_port), timeout_s=30,
+                       what="the receiver")
             for event_id, (identifier, phone) in zip(north_events, people, strict=True):
                 host.notify(reminder(event_id, identifier=identifier, phone=phone))
             for event_id, (identifier, phone) in zip(south_events, people, strict=True):

@@ -25,6 +25,7 @@ from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.ports import listens
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.store_scan import kept_anywhere
 from tests.support.tcp_proxy import tcp_proxy
@@ -97,12 +98,14 @@ def stack_factory(
         context = process_group(env, tmp_path)
         group = context.__enter__()
         opened.append(context)
-        group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1", "--port", str(receiver_port)])
+        receiver = group.start("receiver", ["-m", "dispatcher", "receiver", "--host", "127.0.0.1", "--port",
+                                            str(receiver_port)])
         group.start_worker("sender", concurrency=2)
         for number in range(consumers):
             group.start_worker(f"consumer{number}", concurrency=2, queues="dispatcher.outcomes")
         group.start_beat()
-        wait_until(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz"), timeout_s=30, what="the receiver")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{receiver_port}/healthz") and listens(receiver.pid, receiver_port),
+                   timeout_s=30, what="the receiver")
         dispatcher = Dispatcher(settings, enqueuer=CeleryEnqueuer(broker_url))
         return Stack(group, dispatcher, f"http://127.0.0.1:{receiver_port}{settings.webhook_path}",
                      webhook.secret.get_secret_value())

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 
 from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
+from tests.support.ports import listens
 from tests.support.sandbox_process import free_port
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 from tests.support.worker_process import dispatcher_environment, fresh_broker_url, wait_until
@@ -72,7 +73,8 @@ def receiver(fresh_postgres_url: str, redis_url: str, tmp_path: Path, clean_envi
                                        stdin=subprocess.DEVNULL)
         served = Receiver(f"http://127.0.0.1:{port}", proxy, port)
         try:
-            wait_until(lambda: _answers(served), timeout_s=20, what="the receiver's /healthz")
+            wait_until(lambda: _answers(served) and listens(process.pid, port), timeout_s=20,
+                       what="the receiver's /healthz")
             yield served
         finally:
             process.terminate()

@@ -33,6 +33,7 @@ from click.testing import CliRunner
 from dispatcher.operations.cli.webhook_commands import webhooks_group
 from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
+from tests.support.ports import listens
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
 from tests.support.worker_process import dispatcher_environment
 
@@ -157,9 +158,10 @@ def _healthy(port: int, process: subprocess.Popen[bytes]) -> bool:
     if process.poll() is not None:
         pytest.fail(f"the receiver exited with {process.returncode}")
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0, trust_env=False).status_code == 200
+        answered = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0, trust_env=False).status_code == 200
     except httpx.TransportError:
         return False
+    return answered and listens(process.pid, port)  # its own answer, not another test's receiver's
 
 
 def _raw_post(url: str, body: bytes, headers: dict[str, str]) -> bytes:

@@ -1,0 +1,24 @@
+"""Whose server answers on a port: the tests start servers on ports chosen free a moment before.
+
+Another test's server may take such a port between the choice and the bind; the server started
+then fails to bind and exits, but until it has exited, the other one's ``/healthz`` answers for it
+(a sandbox did so once, and two tests shared one). A start waits for an answer from a port its own
+process listens on.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid``, or a process it started, listens on TCP ``port``."""
+    try:
+        root = psutil.Process(pid)
+        for process in (root, *root.children(recursive=True)):
+            for connection in process.net_connections(kind="tcp"):
+                if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+                    return True
+    except psutil.Error:
+        return False
+    return False
