@@ -188,7 +188,14 @@ class PrivateRabbitMQ:
                 raise RuntimeError(f"RabbitMQ node {self.node_name} exited with {self._process.returncode} "
                                    f"while starting; the end of {self.log_path}:\n{self.log_tail()}")
             if self._answers_amqp():
-                return
+                # AMQP may answer before the node has finished booting (a restarted node's durable
+                # queues listed empty once): wait for the boot's end too
+                left = max(START_TIMEOUT_S - (time.monotonic() - began), 1.0)
+                try:
+                    if self.rabbitmqctl("await_startup", "--timeout", str(int(left)), timeout=left + 10).returncode == 0:
+                        return
+                except subprocess.SubprocessError:
+                    pass
             time.sleep(0.1)
         raise RuntimeError(f"RabbitMQ node {self.node_name} did not accept AMQP connections on 127.0.0.1:"
                            f"{self.port} within {START_TIMEOUT_S:.0f} s; the end of {self.log_path}:\n{self.log_tail()}")
