@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from dispatcher.policy.channels import window_open
 from dispatcher.store import queries as store
@@ -122,3 +123,38 @@ def test_a_capped_route_takes_exactly_its_cap_from_fifty_concurrent_hosts(
     with ThreadPoolExecutor(max_workers=50) as pool:
         results = list(pool.map(hand_over, range(50)))
     assert (results.count("accepted"), results.count("refused")) == (cap, 50 - cap)
+
+
+def _backend_pid(sessions: Any) -> int:
+    with sessions() as session:
+        return int(session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+
+@pytest.mark.parametrize("farewell", ["terminate", "idle timeout"])
+def test_a_pooled_connection_the_server_closed_is_replaced_before_use(fresh_postgres_url: str, farewell: str) -> None:
+    """Without ``pool_pre_ping``'s round trip: a backend the server ended while it sat in the
+    pool (an operator's ``pg_terminate_backend``, the server's own idle timeout; a restart ends
+    them all the same way) is thrown away when the pool hands it out, and the transaction runs
+    on a new one instead of failing."""
+    engine = make_engine(fresh_postgres_url, pool_size=1, max_overflow=0)
+    watcher = make_engine(fresh_postgres_url)
+    sessions = session_factory(engine)
+    try:
+        if farewell == "idle timeout":
+            with sessions.begin() as session:
+                session.execute(sa.text("SET idle_session_timeout = 1"))  # ms; this backend only, ended once idle
+        pid = _backend_pid(sessions)
+        with watcher.connect() as other:
+            if farewell == "terminate":
+                assert other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+            gone = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+            for _ in range(500):  # bounded: until the backend has exited
+                if other.execute(gone, {"pid": pid}).scalar_one() == 0:
+                    break
+                other.execute(sa.text("SELECT pg_sleep(0.01)"))
+            else:
+                pytest.fail("the backend did not exit")
+        assert _backend_pid(sessions) != pid  # no OperationalError: a new connection took the old one's place
+    finally:
+        watcher.dispose()
+        engine.dispose()
