@@ -140,10 +140,10 @@ def test_a_pooled_connection_the_server_closed_is_replaced_before_use(fresh_post
     watcher = make_engine(fresh_postgres_url)
     sessions = session_factory(engine)
     try:
-        if farewell == "idle timeout":
-            with sessions.begin() as session:
-                session.execute(sa.text("SET idle_session_timeout = 1"))  # ms; this backend only, ended once idle
-        pid = _backend_pid(sessions)
+        with sessions.begin() as session:
+            if farewell == "idle timeout":  # in ms, for this backend only: it ends once idle, back in the pool
+                session.execute(sa.text("SET idle_session_timeout = 1"))
+            pid = int(session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
         with watcher.connect() as other:
             if farewell == "terminate":
                 assert other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
