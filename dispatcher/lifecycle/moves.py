@@ -12,11 +12,12 @@ Statements are Core, on the tables, so the send path pays no ORM bookkeeping (is
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, or_, select, text, true, update
+from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, literal, or_, select, text, true, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
@@ -590,8 +591,8 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
     """Move the attempt from ``current`` to the later ``new``; mirror it on the notification while
     the attempt is the current one (the first, or the fallback once decided) and did not fail.
     ``next_read_at``: when reconciliation reads it back next, after this news (None: never)."""
-    if current not in _starts_for("record_outcome", "attempt", new) or advance(current, new) != new:
-        return False  # forward only; a failure after delivery is not one (the table has no such edge)
+    if not may_record_outcome(current, new):
+        return False
     statements = _outcome_statements(new)
     moving = {"move_attempt_id": attempt_id, "move_from": current.value, "move_at": now,
               "move_next_read_at": next_read_at, "move_detail": _detail(external_error)}
@@ -607,6 +608,82 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
         session.execute(statements.mirror, mirroring)
     announce(session, notification_id, now=now)  # nothing when the notification did not follow (not its current attempt)
     return True
+
+
+def may_record_outcome(current: AttemptState, new: AttemptState) -> bool:
+    """Whether ``record_outcome`` leads an attempt from ``current`` to ``new``: forward only; a
+    failure after delivery is not one (the table has no such edge)."""
+    return current in _starts_for("record_outcome", "attempt", new) and advance(current, new) == new
+
+
+@dataclass(frozen=True)
+class OutcomeMove:
+    """One ``record_outcome`` of a group, for :func:`record_outcomes`."""
+
+    notification_id: int
+    attempt_id: int
+    attempt_number: int
+    current: AttemptState
+    new: AttemptState
+    external_error: str | None
+    next_read_at: datetime | None
+
+
+class OutcomeMoveRefused(Exception):
+    """A move of a group found its attempt in another state than the group read: the group's
+    locks were not held. Its transaction must not commit."""
+
+
+def record_outcomes(session: Session, outcome_moves: Sequence[OutcomeMove], *, now: datetime) -> None:
+    """:func:`record_outcome` for the moves of a group of outcomes applied in one transaction, one
+    statement per kind of change (the attempts' updates to one state, then their notifications'),
+    each an executemany: one round trip on psycopg 3, which pipelines it. A kind with one move is
+    :func:`record_outcome` itself, one statement on PostgreSQL.
+
+    The caller read and locked the attempts in this transaction (``attempts_for_outcomes``: row
+    locks on PostgreSQL, the write lock of BEGIN IMMEDIATE on SQLite) and chose each move from
+    what it read, so every guard holds; one that does not raises :class:`OutcomeMoveRefused`.
+    Two moves of one attempt (sent, then delivered) go in the order given, in rounds: a move's
+    ``current`` is where the one before it left the attempt, and each announces its own state."""
+    rounds: list[list[OutcomeMove]] = []
+    moves_of_attempt: dict[int, int] = {}
+    for move in outcome_moves:
+        turn = moves_of_attempt[move.attempt_id] = moves_of_attempt.get(move.attempt_id, -1) + 1
+        if turn == len(rounds):
+            rounds.append([])
+        rounds[turn].append(move)
+    for moves_of_round in rounds:
+        by_kind: dict[AttemptState, list[OutcomeMove]] = {}
+        for move in moves_of_round:
+            by_kind.setdefault(move.new, []).append(move)
+        for new, kind in by_kind.items():
+            _record_kind(session, new, kind, now=now)
+
+
+def _record_kind(session: Session, new: AttemptState, kind: list[OutcomeMove], *, now: datetime) -> None:
+    if len(kind) == 1:
+        [move] = kind
+        if not record_outcome(session, notification_id=move.notification_id, attempt_id=move.attempt_id,
+                              attempt_number=move.attempt_number, current=move.current, new=move.new,
+                              external_error=move.external_error, now=now, next_read_at=move.next_read_at):
+            raise OutcomeMoveRefused(f"attempt {move.attempt_id} was not {move.current.value}")
+        return
+    if not all(may_record_outcome(move.current, new) for move in kind):
+        raise OutcomeMoveRefused(f"a move to {new.value} from a state the table has no edge from")
+    statements = _outcome_statements(new)
+    moved = session.execute(statements.attempt, [
+        {"move_attempt_id": move.attempt_id, "move_from": move.current.value, "move_at": now,
+         "move_next_read_at": move.next_read_at, "move_detail": _detail(move.external_error)} for move in kind])
+    if moved.rowcount != len(kind):  # type: ignore[attr-defined]
+        raise OutcomeMoveRefused(f"{len(kind) - moved.rowcount} of {len(kind)} attempts were not where "  # type: ignore[attr-defined]
+                                 f"the group read them")
+    if statements.mirror is None:  # failed: the notification follows with the fallback decision
+        return
+    session.execute(statements.mirror, [
+        {"move_notification_id": move.notification_id, "move_attempt_number": move.attempt_number, "move_at": now}
+        for move in kind])
+    for move in kind:
+        announce(session, move.notification_id, now=now)  # nothing when the notification did not follow
 
 
 @dataclass(frozen=True)
@@ -640,7 +717,10 @@ def _outcome_statements(new: AttemptState) -> _MoveStatements:
         update(NOTIFICATIONS)
         .where(NOTIFICATIONS.c.id == bindparam("move_notification_id"),
                NOTIFICATIONS.c.current_attempt == bindparam("move_attempt_number"),
-               NOTIFICATIONS.c.state.in_(_starts_for("record_outcome", "notification", mirrored)))
+               # each state a bound value of its own, not one expanding list: record_outcomes runs
+               # this statement as an executemany, which takes no expanding parameter
+               NOTIFICATIONS.c.state.in_([literal(state) for state in _starts_for("record_outcome", "notification",
+                                                                                    mirrored)]))
         .values(state=mirrored, delivery_state=new.value, updated_at=at)
     )
     both = _both_or_neither_statement(move_attempt.returning(ATTEMPTS.c.id).cte("taken"), mirror)

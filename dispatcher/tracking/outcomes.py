@@ -286,7 +286,7 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
     with ctx.sessions.begin() as session:
         group = read_group(session, [outcome], ctx)  # a group of one: the same statements, one path
         applied = apply_in(session, outcome, ctx, group, mark_processed=mark_processed)
-        finish_group(session, group)
+        finish_group(session, group, ctx)
     return follow_up(outcome, applied, ctx, enqueuer)
 
 
@@ -315,6 +315,7 @@ class GroupRead:
 
     attempts: dict[int, store.OutcomeAttempt]  # by message ID; kept as this transaction moved them
     new_statuses: set[tuple[int, str]]  # (message, status) recorded now: the first outcome to claim one applies it
+    moves: list[moves.OutcomeMove] = field(default_factory=list)  # the attempts' moves, recorded at the end
     drops: list[tuple[int, int]] = field(default_factory=list)  # (notification, attempt number), at the end
 
 
@@ -328,8 +329,11 @@ def read_group(session: Session, outcomes: Sequence[Outcome], ctx: SendContext) 
     return GroupRead(attempts, store.record_applied_statuses(session, workspace, statuses))
 
 
-def finish_group(session: Session, group: GroupRead) -> None:
-    """What the group's outcomes left to the end of their transaction: the payloads to drop, in one go."""
+def finish_group(session: Session, group: GroupRead, ctx: SendContext) -> None:
+    """What the group's outcomes left to the end of their transaction: their moves, one statement
+    per kind of change (:func:`moves.record_outcomes`), then the payloads to drop, in one go."""
+    moves.record_outcomes(session, group.moves, now=ctx.clock())
+    group.moves.clear()
     store.drop_payloads_of_current(session, group.drops)
     group.drops.clear()
 
@@ -403,14 +407,17 @@ def _weigh_update(session: Session, outcome: Outcome, ctx: SendContext, group: G
 def _move(session: Session, outcome: Outcome, attempt: store.OutcomeAttempt, current: AttemptState, new: AttemptState,
           ctx: SendContext, group: GroupRead) -> bool:
     """The lifecycle's ``record_outcome`` move, its next read-back, its trace; kept in ``group`` so a
-    later outcome of the group about the same message starts from here."""
+    later outcome of the group about the same message starts from here. The move itself is
+    recorded with the group's others when it ends (:func:`finish_group`): the group holds the
+    attempts' locks, so what it read is what the move finds."""
+    if not moves.may_record_outcome(current, new):
+        return False
     now = ctx.clock()
     read_next = next_read_at(state=new, reports_read=reports_read(attempt.channel),
                              accepted_at=attempt.accepted_at or now, now=now, plan=readback_plan_of(ctx.settings))
-    if not moves.record_outcome(session, notification_id=attempt.notification_id, attempt_id=attempt.id,
-                                attempt_number=attempt.number, current=current, new=new,
-                                external_error=outcome.external_error, now=now, next_read_at=read_next):
-        return False
+    group.moves.append(moves.OutcomeMove(notification_id=attempt.notification_id, attempt_id=attempt.id,
+                                         attempt_number=attempt.number, current=current, new=new,
+                                         external_error=outcome.external_error, next_read_at=read_next))
     group.attempts[outcome.message_id] = dataclasses.replace(attempt, state=new.value)
     _trace_outcome(session, attempt, outcome, new)
     if new in (AttemptState.DELIVERED, AttemptState.READ):

@@ -272,7 +272,7 @@ def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enq
                     following[row_id] = applied  # a decision may follow: marked once it is made
                 else:
                     done[row_id] = applied.word
-            tracking.finish_group(session, group)
+            tracking.finish_group(session, group, ctx)
             store.mark_deliveries_processed(session, done, now=ctx.clock())
     except (OperationalError, InterfaceError):
         raise

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dispatcher.lifecycle import moves, worklists
@@ -288,6 +288,69 @@ def test_record_outcome_moves_forward_and_mirrors_only_the_current_attempt(sessi
         assert moves.record_outcome(session, notification_id=fell_back, attempt_id=first, attempt_number=1,
                                     current=A.SENT, new=A.DELIVERED, external_error=None, now=NOW)
     assert states(sessions, fell_back) == (N.FALLING_BACK, [A.DELIVERED, A.QUEUED])
+
+
+def _outcome_move(notification_id: int, attempt_id: int, current: str, new: str, *, number: int = 1,
+                  external_error: str | None = None) -> moves.OutcomeMove:
+    return moves.OutcomeMove(notification_id=notification_id, attempt_id=attempt_id, attempt_number=number,
+                             current=A(current), new=A(new), external_error=external_error, next_read_at=None)
+
+
+def test_a_group_records_its_outcomes_one_statement_a_kind_in_order(sessions: sessionmaker[Session]) -> None:
+    """The moves of a group of outcomes, as record_outcome would make them one after the other: two
+    to delivered together, a failure, a second move of one attempt after its first (a read of
+    another attempt before both), and the first attempt of a notification that fell back moved
+    without its notification."""
+    one, [first] = put(sessions, N.SENT, A.SENT)
+    two, [second] = put(sessions, N.ACCEPTED, A.ACCEPTED)
+    three, [third] = put(sessions, N.SENT, A.SENT)
+    fell_back, [old, _] = put(sessions, N.FALLING_BACK, A.SENT, A.QUEUED, fallback_decision="fallback")
+    statements: list[str] = []
+    bind = sessions.kw["bind"]
+
+    def keep(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(" ".join(statement.split()).upper())
+
+    event.listen(bind, "before_cursor_execute", keep)
+    try:
+        with sessions.begin() as session:
+            moves.record_outcomes(session, [
+                _outcome_move(two, second, A.ACCEPTED, A.READ),  # a read first: one's read must still follow its delivery
+                _outcome_move(one, first, A.SENT, A.DELIVERED),
+                _outcome_move(one, first, A.DELIVERED, A.READ),
+                _outcome_move(three, third, A.SENT, A.FAILED, external_error="131026: undeliverable"),
+                _outcome_move(fell_back, old, A.SENT, A.DELIVERED),
+            ], now=NOW)
+    finally:
+        event.remove(bind, "before_cursor_execute", keep)
+    assert states(sessions, one) == (N.READ, [A.READ])
+    assert states(sessions, two) == (N.READ, [A.READ])
+    assert states(sessions, three) == (N.SENT, [A.FAILED])  # the decision follows, as for one failure
+    assert notification_of(sessions, three).error_kind is None
+    assert states(sessions, fell_back) == (N.FALLING_BACK, [A.DELIVERED, A.QUEUED])
+    # two to delivered in one statement (and their notifications in one more); the failure and
+    # each read alone (record_outcome: a read is one statement of two CTEs on PostgreSQL)
+    assert sum(statement.startswith("UPDATE ATTEMPTS") for statement in statements) == (
+        2 if bind.dialect.name == "postgresql" else 4)
+    assert sum(statement.startswith("UPDATE NOTIFICATIONS") for statement in statements) == (
+        1 if bind.dialect.name == "postgresql" else 3)
+
+
+def test_a_group_move_that_finds_its_attempt_elsewhere_refuses_the_group(sessions: sessionmaker[Session]) -> None:
+    """The group's locks make every move's guard hold; one that does not (the attempt was moved
+    behind the group's back) raises, and its transaction keeps nothing."""
+    one, [first] = put(sessions, N.SENT, A.SENT)
+    two, [second] = put(sessions, N.DELIVERED, A.DELIVERED)  # the group would think it sent
+    for group in ([_outcome_move(one, first, A.SENT, A.DELIVERED), _outcome_move(two, second, A.SENT, A.DELIVERED)],
+                  [_outcome_move(two, second, A.SENT, A.READ)]):
+        with pytest.raises(moves.OutcomeMoveRefused), sessions.begin() as session:
+            moves.record_outcomes(session, group, now=NOW)
+    assert states(sessions, one) == (N.SENT, [A.SENT])
+    assert states(sessions, two) == (N.DELIVERED, [A.DELIVERED])
+    with pytest.raises(moves.OutcomeMoveRefused), sessions.begin() as session:  # no such edge: never written
+        moves.record_outcomes(session, [_outcome_move(one, first, A.SENT, A.DELIVERED),
+                                        _outcome_move(two, second, A.DELIVERED, A.DELIVERED)], now=NOW)
+    assert states(sessions, one) == (N.SENT, [A.SENT])
 
 
 def test_a_failure_ends_the_attempt_and_leaves_the_notification_to_the_decision(sessions: sessionmaker[Session]) -> None:
