@@ -12,21 +12,30 @@ Statements are Core, on the tables, so the send path pays no ORM bookkeeping (is
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, literal, or_, select, text, true, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from dispatcher.lifecycle.announce import announce
-from dispatcher.lifecycle.states import AttemptPurpose, AttemptState, NotificationState, advance, notification_state_for
+from dispatcher.lifecycle.states import (
+    SENDABLE_NOTIFICATION_STATES,
+    AttemptPurpose,
+    AttemptState,
+    NotificationState,
+    advance,
+    notification_state_for,
+)
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
 from dispatcher.store.built_once import built_once
 from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert
 from dispatcher.store.models import Attempt, Notification, table_of
+from dispatcher.store.queries import LOAD_FOR_SEND
 
 NOTIFICATIONS = table_of(Notification)
 ATTEMPTS = table_of(Attempt)
@@ -168,6 +177,78 @@ def _open_attempt_statement(columns: tuple[Any, ...]) -> Any:
         f" ON CONFLICT (notification_id, number) DO UPDATE SET runs = {attempts}.runs + 1, updated_at = :now"
         f" RETURNING {returned}"
     ).bindparams(bindparam("now", type_=ATTEMPTS.c.updated_at.type)).columns(*columns)
+
+
+@dataclass(frozen=True)
+class CountedRun:
+    """The current attempt as a send reads it, its run counted (:func:`open_attempt`)."""
+
+    id: int
+    state: str
+    tries: int
+    lease_until: datetime | None
+    conversation_id: int | None
+    content_hash: str | None
+    in_flight_since: datetime | None
+    error_kind: str | None
+    claims: int
+    runs: int
+
+
+def load_and_count_run(session: Session, *, notification_id: int, channels: Mapping[str, str],
+                       now: datetime) -> tuple[Row[Any] | None, CountedRun | None]:
+    """What a send reads of its notification (``store.load_for_send``'s row) and, when the
+    notification is still to be sent and its current attempt's route is configured (one of
+    ``channels``: route name to channel), that attempt with this run counted (:func:`open_attempt`,
+    made on its first run). None for the attempt: not counted, nothing to send.
+
+    PostgreSQL reads and counts in one statement (the load as a CTE, the upsert as another, one
+    round trip); SQLite in two, in the caller's transaction."""
+    if _one_statement(session):
+        row = session.execute(_LOAD_AND_COUNT_RUN(session), {
+            "notification_id": notification_id, "channels": dict(channels), "now": now}).one_or_none()
+        if row is None or row.run_id is None:
+            return row, None
+        return row, CountedRun(**{column.name: getattr(row, f"run_{column.name}") for column in SEND_COLUMNS})
+    notification = session.execute(LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
+    if notification is None or notification.state not in SENDABLE_NOTIFICATION_STATES:
+        return notification, None
+    route = notification.attempt_route or notification.route  # the first attempt's row is made by its first run
+    channel = channels.get(route)
+    if channel is None:
+        return notification, None
+    attempt = open_attempt(session, notification_id=notification_id, number=notification.current_attempt,
+                           route=route, channel=channel, now=now)
+    return notification, CountedRun(**attempt._asdict())
+
+
+@built_once
+def _LOAD_AND_COUNT_RUN(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
+    """:func:`load_and_count_run` on PostgreSQL: ``WITH loaded AS (<the load>), counted AS (INSERT
+    ... SELECT FROM loaded ... ON CONFLICT DO UPDATE SET runs = runs + 1 RETURNING ...) SELECT
+    loaded.*, counted.* FROM loaded LEFT JOIN counted ON true``. The upsert is open_attempt's, made
+    only for a notification still to be sent whose route is among the ``channels`` parameter (a
+    JSON object: route name to channel, the new row's channel)."""
+    assert dialect == "postgresql", "data-modifying CTEs are PostgreSQL's"
+    loaded = LOAD_FOR_SEND.add_columns(NOTIFICATIONS.c.workspace).cte("loaded")
+    channels: Any = bindparam("channels", type_=postgresql.JSONB)
+    at: Any = bindparam("now", type_=ATTEMPTS.c.updated_at.type)
+    route_of_attempt = func.coalesce(loaded.c.attempt_route, loaded.c.route)
+    new_row = select(
+        loaded.c.id, loaded.c.workspace, loaded.c.current_attempt, literal(AttemptPurpose.FIRST.value),
+        loaded.c.route, channels.op("->>")(loaded.c.route), literal(str(_ends_in("open_attempt", "attempt", AttemptState.QUEUED))),
+        literal(0), literal(1), literal(0), at, at,
+    ).where(loaded.c.state.in_([literal(str(state)) for state in sorted(SENDABLE_NOTIFICATION_STATES)]),
+            channels.op("->>")(route_of_attempt).is_not(None))
+    upsert = postgresql.insert(ATTEMPTS).from_select(
+        ["notification_id", "workspace", "number", "purpose", "route", "channel", "state", "tries", "runs", "claims",
+         "created_at", "updated_at"], new_row)
+    counted = upsert.on_conflict_do_update(
+        index_elements=["notification_id", "number"], set_={"runs": ATTEMPTS.c.runs + 1, "updated_at": at},
+    ).returning(*SEND_COLUMNS).cte("counted")
+    return (select(*(loaded.c[column.name] for column in LOAD_FOR_SEND.selected_columns),
+                   *(counted.c[column.name].label(f"run_{column.name}") for column in SEND_COLUMNS))
+            .select_from(loaded.outerjoin(counted, true())))
 
 
 # --- before the message exists ------------------------------------------------------------------
@@ -541,6 +622,17 @@ def outside_a_transaction(session: Session) -> bool:
     deterministic simulation's, which runs every node on one connection): there another session's
     transaction may be open on it, and every statement stays in the caller's transaction."""
     return _one_statement(session) and not isinstance(session.get_bind().engine.pool, StaticPool)
+
+
+def each_statement_alone(session: Session) -> bool:
+    """Where :func:`outside_a_transaction` allows it, take the session's connection in autocommit,
+    before its first statement: each statement is then its own transaction, with no BEGIN and no
+    COMMIT round trip. For a caller whose writes are each one guarded statement (the claim, the
+    count of a delivery's run). Whether it did."""
+    if not outside_a_transaction(session):
+        return False
+    session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return True
 
 
 def accept_outside_a_transaction(session: Session, *, drops_payload: bool) -> bool:

@@ -50,10 +50,9 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
     SQLite runs them all in one transaction, as before (BEGIN IMMEDIATE serialises its writers)."""
     now = ctx.clock()
     with ctx.sessions.begin() as session:
-        alone = moves.outside_a_transaction(session)
-        if alone:
-            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        notification = store.load_for_send(session, notification_id)
+        alone = moves.each_statement_alone(session)
+        notification, attempt = moves.load_and_count_run(session, notification_id=notification_id,
+                                                         channels=_channels(ctx), now=now)
         if notification is None:
             return SendResult(Outcome.SKIPPED, "no such notification")
         if notification.state not in SENDABLE_NOTIFICATION_STATES:
@@ -62,9 +61,8 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
         route = ctx.settings.routes.get(route_name)
         if route is None:
             return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
-        attempt = moves.open_attempt(
-            session, notification_id=notification.id, number=number, route=route_name, channel=route.channel.value, now=now
-        )
+        if attempt is None:  # the load and the count disagree with the checks above: a bug, said plainly
+            raise RuntimeError(f"notification {notification_id}: its run was not counted although it is to be sent")
         if attempt.state == AttemptState.FAILED:
             return OwedDecision(number)
         if attempt.state not in SENDABLE_ATTEMPT_STATES:
@@ -117,6 +115,11 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
     if payload is None:
         return record.fail(job, ctx, "payload_missing", "the notification's payload is gone")
     return job
+
+
+def _channels(ctx: SendContext) -> dict[str, str]:
+    """The configured routes and their channels: the routes whose attempts may run."""
+    return {name: route.channel.value for name, route in ctx.settings.routes.items()}
 
 
 @contextlib.contextmanager

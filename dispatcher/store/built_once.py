@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, event, text
+from sqlalchemy import Engine, bindparam, column, event, text
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.engine.interfaces import BindTyping, CacheStats
@@ -89,7 +89,10 @@ def as_text(statement: Any, dialect: Dialect) -> TextClause:
     returned = list(getattr(statement, "_returning", ()) or ())
     if not returned and getattr(statement, "is_select", False):
         returned = list(statement.selected_columns)
-    return built.columns(*returned) if returned else built  # type: ignore[return-value]
+    # Typed by name, not by the statement's own columns: a column of a CTE that has no cache key
+    # (an INSERT ... ON CONFLICT) has none either, and would leave the text uncached as well.
+    typed = [column(element.name, element.type) for element in returned]
+    return built.columns(*typed) if typed else built  # type: ignore[return-value]
 
 
 @contextmanager

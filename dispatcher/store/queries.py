@@ -43,7 +43,7 @@ ATTEMPTS = table_of(Attempt)
 PAYLOADS = table_of(Payload)
 
 _CURRENT = ATTEMPTS.alias("current_attempt_row")
-_LOAD_FOR_SEND = (
+LOAD_FOR_SEND = (  # what a send reads of its notification (and, on PostgreSQL, lifecycle.moves.load_and_count_run)
     select(
         NOTIFICATIONS.c.id,
         NOTIFICATIONS.c.state,
@@ -287,7 +287,7 @@ def attempts_of(session: Session, notification_id: int) -> list[Attempt]:
 
 def load_for_send(session: Session, notification_id: int) -> Row[Any] | None:
     """The notification's routing columns and its payload, in one round trip."""
-    return session.execute(_LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
+    return session.execute(LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
 
 
 def trace_parent_of(session: Session, notification_id: int) -> str | None:

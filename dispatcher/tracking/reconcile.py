@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from dispatcher import metrics
 from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import Enqueuer
-from dispatcher.lifecycle import worklists
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.policy.breaker import pause_reason
 from dispatcher.policy.fallback import Failure
 from dispatcher.policy.readback import READ_BACK_STATES
@@ -125,6 +125,8 @@ def process_delivery(delivery_row_id: int, ctx: SendContext, enqueuer: Enqueuer)
     message's state back, so setting a delivery aside loses no outcome.
     """
     with ctx.sessions.begin() as session:
+        # one guarded statement each (count the run; set the row aside): no transaction block on PostgreSQL
+        moves.each_statement_alone(session)
         run = store.start_delivery_run(session, delivery_row_id)
         if run is None:
             return "already_processed" if store.load_delivery(session, delivery_row_id) is not None else "missing"
@@ -212,6 +214,7 @@ def process_deliveries(delivery_row_ids: Sequence[int], ctx: SendContext, enqueu
     task runs them all again: a processed delivery is skipped)."""
     result = BatchResult()
     with ctx.sessions.begin() as session:
+        moves.each_statement_alone(session)  # as process_delivery: one guarded statement each
         runs = store.start_delivery_runs(session, list(delivery_row_ids))
         for row_id, run in runs.items():
             if run.tries > ctx.settings.delivery_max_tries:

@@ -26,7 +26,7 @@ from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.built_once import count_compilations
 from dispatcher.store.models import utcnow
-from dispatcher.tracking.reconcile import process_deliveries
+from dispatcher.tracking.reconcile import process_deliveries, process_delivery
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
@@ -113,10 +113,10 @@ def test_the_count_sees_a_statement_compiled_on_every_execution(context: SendCon
     assert sum(compiled.values()) == 2
 
 
-def test_a_warm_send_is_five_statements_each_alone_and_its_acceptance_commits_without_waiting(
+def test_a_warm_send_is_four_statements_each_alone_and_its_acceptance_commits_without_waiting(
         context: SendContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim (the load, the attempt's upsert, the known target, the compare-and-set) and the
-    acceptance: on PostgreSQL five statements, each outside a transaction block (psycopg sends no
+    """The claim (the load with the run's count, the known target, the compare-and-set) and the
+    acceptance: on PostgreSQL four statements, each outside a transaction block (psycopg sends no
     BEGIN and no COMMIT in autocommit), the acceptance's turning ``synchronous_commit`` off for its
     own implicit transaction (no ``SET LOCAL`` of its own). On SQLite two transactions, as before.
     The round trips on the wire: the next test."""
@@ -169,7 +169,8 @@ def test_a_warm_send_is_five_statements_each_alone_and_its_acceptance_commits_wi
         with context.sessions.begin() as session:
             assert not autocommit(session)
     if engine.dialect.name == "postgresql":
-        assert len(statements) == 5, statements
+        assert len(statements) == 4, statements
+        assert statements[0].startswith("WITH loaded AS")  # the load and the count of the run: one statement
         assert not any(statement.startswith("SET") for statement in statements)
         assert "set_config" in accepted_with[-1] and "message_id" in accepted_with[-1]
         assert (autocommit_at_claim, autocommit_at_accept) == ([True], [True])
@@ -180,10 +181,11 @@ def test_a_warm_send_is_five_statements_each_alone_and_its_acceptance_commits_wi
 def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess, fresh_postgres_url: str,
                                                         clean_environment: pytest.MonkeyPatch) -> None:
     """What PostgreSQL sees of a warm send, counted by a proxy between the two (every turn of the
-    client to speak: BEGIN, a statement, COMMIT, a ping): the claim's 4 statements and the
+    client to speak: BEGIN, a statement, COMMIT, a ping): the claim's 3 statements and the
     acceptance's 1, each outside a transaction block, and nothing else: the pool checks a
     connection it hands out by its socket, not by a ping (store.db). 11 with the claim and the
-    acceptance in transactions and ``pool_pre_ping``, 7 without the transactions."""
+    acceptance in transactions and ``pool_pre_ping``, 7 without the transactions, 5 without the
+    pings, then 4 with the load and the count of the run as one statement."""
     sandbox.reset()
     url = sa.engine.make_url(fresh_postgres_url)
     with tcp_proxy(url.host or "127.0.0.1", url.port or 5432) as proxy, \
@@ -198,4 +200,29 @@ def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess,
             assert notification is not None
         before = proxy.round_trips
         assert drive(ctx, notification.id)[-1].outcome is Outcome.ACCEPTED
-        assert proxy.round_trips - before == 5
+        assert proxy.round_trips - before == 4
+
+
+def test_a_lone_delivery_counts_its_run_outside_a_transaction_block(context: SendContext,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer task of one delivery: the count of its run is one guarded statement, so on
+    PostgreSQL it runs in autocommit (psycopg sends no BEGIN and no COMMIT: two round trips fewer);
+    the outcome, its applied status and the delivery's mark share the one transaction after it.
+    SQLite keeps its transactions."""
+    _, message_id = _handed_over_and_sent(context, "lone-0", "patient-lone")
+    [row] = record_deliveries(context.sessions, [_updated("lone-d", message_id, "delivered")])
+    assert row is not None
+    autocommit_at_count: list[bool] = []
+    start = store.start_delivery_run
+
+    def start_and_look(session: Any, row_id: int) -> Any:
+        started = start(session, row_id)
+        autocommit_at_count.append(bool(getattr(session.connection().connection.dbapi_connection, "autocommit", False)))
+        return started
+
+    monkeypatch.setattr(store, "start_delivery_run", start_and_look)
+    assert process_delivery(row, context, context.enqueuer) == "applied_delivered"
+    assert autocommit_at_count == [context.sessions.kw["bind"].dialect.name == "postgresql"]
+    assert process_delivery(row, context, context.enqueuer) == "already_processed"  # the count refuses a processed row
+    with context.sessions.begin() as session:  # the pool took the connection back as it gave it: in a transaction
+        assert not getattr(session.connection().connection.dbapi_connection, "autocommit", False)

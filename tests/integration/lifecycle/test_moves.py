@@ -94,6 +94,41 @@ def test_create_and_open_attempt(sessions: sessionmaker[Session]) -> None:
     assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
 
 
+def test_load_and_count_run_counts_only_a_run_with_something_to_send(sessions: sessionmaker[Session]) -> None:
+    """The claim's first read, one statement on PostgreSQL: the notification as a send reads it, and
+    its current attempt with the run counted (made by its first run, with its route's channel), only
+    while it is to be sent and its route is configured; else the attempt is None and nothing is written."""
+    channels = {"reminders": "messaging_platform", "sms": "sms"}
+    fresh, _ = put(sessions, N.QUEUED)
+    ended, [ended_attempt] = put(sessions, N.DELIVERED, A.DELIVERED)
+    fell_back, [_, fallback] = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
+    with sessions.begin() as session:
+        first, counted = moves.load_and_count_run(session, notification_id=fresh, channels=channels, now=NOW)
+        _, again = moves.load_and_count_run(session, notification_id=fresh, channels=channels, now=NOW)
+        assert first is not None and counted is not None and again is not None
+        assert (first.id, first.state, first.attempt_route, first.body) == (fresh, N.QUEUED, None, None)  # read before the count
+        assert (counted.id, counted.state, counted.runs, counted.tries, counted.claims) == (again.id, A.QUEUED, 1, 0, 0)
+        assert again.runs == 2
+        gone = moves.load_and_count_run(session, notification_id=10**9, channels=channels, now=NOW)
+        done, not_counted = moves.load_and_count_run(session, notification_id=ended, channels=channels, now=NOW)
+        unconfigured, none_made = moves.load_and_count_run(session, notification_id=fresh, channels={"sms": "sms"}, now=NOW)
+        later, its_run = moves.load_and_count_run(session, notification_id=fell_back, channels=channels, now=NOW)
+    assert gone == (None, None)
+    assert done is not None and done.state == N.DELIVERED and not_counted is None
+    assert unconfigured is not None and none_made is None
+    assert later is not None and (later.current_attempt, later.attempt_route) == (2, "reminders")
+    assert its_run is not None and (its_run.id, its_run.runs) == (fallback, 1)  # its row, made by the decision: counted
+    with sessions() as session:
+        made = session.execute(select(Attempt.notification_id, Attempt.route, Attempt.channel, Attempt.runs)
+                               .where(Attempt.notification_id.in_([fresh, ended]))).all()
+        assert sorted(made) == sorted([(fresh, "reminders", "messaging_platform", 2), (ended, "reminders",
+                                                                                      "messaging_platform", 0)])
+        assert session.get(Attempt, ended_attempt) is not None
+    with sessions.begin() as session:  # the fallback's route no longer configured: its run is not counted
+        _, uncounted = moves.load_and_count_run(session, notification_id=fell_back, channels={"sms": "sms"}, now=NOW)
+    assert uncounted is None
+
+
 def test_release_due_moves_only_scheduled_rows_whose_time_came(sessions: sessionmaker[Session]) -> None:
     due, _ = put(sessions, N.SCHEDULED, send_at=NOW)
     moved_later, _ = put(sessions, N.SCHEDULED, send_at=NOW + timedelta(hours=1))  # rescheduled after the sweep's query
