@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support.ports import listens
 from tests.support.sandbox_process import free_port, running_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -124,12 +125,15 @@ def server(workdir: Path) -> Iterator[Start]:
             started.append(subprocess.Popen(["bash", "-c", command], cwd=workdir, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 30
+        port = httpx.URL(ready).port
         while time.monotonic() < deadline:
             try:
                 httpx.get(ready, timeout=1)
-                return
+                if port is not None and listens(started[-1].pid, port):  # its own answer, not another test's server's
+                    return
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         pytest.fail(f"{command!r} did not come up: {(workdir / f'server-{len(started) - 1}.log').read_text()[-2000:]}")
 
     yield start

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support.ports import listens
 from tests.support.sandbox_process import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -87,10 +88,12 @@ def readme_sandbox(workdir: Path) -> Iterator[str]:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{base_url}/_sandbox/health", timeout=1).status_code == 200:
+            # its own answer, not that of another test's server that took the port first
+            if httpx.get(f"{base_url}/_sandbox/health", timeout=1).status_code == 200 and listens(process.pid, port):
                 break
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     else:
         process.kill()
         process.wait()
