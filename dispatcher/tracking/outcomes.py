@@ -309,9 +309,9 @@ def follow_up(outcome: Outcome, applied: Applied, ctx: SendContext, enqueuer: En
 @dataclass
 class GroupRead:
     """What the outcomes applied in one transaction (:func:`read_group`; one outcome alone is a
-    group of one) read and record in a statement each, before they are applied one by one with
-    :func:`apply_in`: three statements for the group instead of one each per outcome. The caller
-    ends it with :func:`finish_group`."""
+    group of one) read and record first (one statement on PostgreSQL), before they are weighed one
+    by one with :func:`apply_in`; their moves and payload drops wait for :func:`finish_group`, one
+    statement per kind of change, instead of statements for each outcome."""
 
     attempts: dict[int, store.OutcomeAttempt]  # by message ID; kept as this transaction moved them
     new_statuses: set[tuple[int, str]]  # (message, status) recorded now: the first outcome to claim one applies it
@@ -321,12 +321,11 @@ class GroupRead:
 
 def read_group(session: Session, outcomes: Sequence[Outcome], ctx: SendContext) -> GroupRead:
     """Lock and read the attempts of ``outcomes``' messages (in message order, on PostgreSQL), and
-    record the applied statuses of those that are ours, each in one statement."""
-    workspace = ctx.settings.workspace_name
-    attempts = store.attempts_for_outcomes(session, workspace, [outcome.message_id for outcome in outcomes])
-    statuses = [(outcome.message_id, outcome.status) for outcome in outcomes
-                if outcome.status is not None and outcome.message_id in attempts]
-    return GroupRead(attempts, store.record_applied_statuses(session, workspace, statuses))
+    record the applied statuses of those that are ours: one statement on PostgreSQL, two on SQLite."""
+    attempts, new_statuses = store.lock_attempts_and_record_statuses(
+        session, ctx.settings.workspace_name, [outcome.message_id for outcome in outcomes],
+        [(outcome.message_id, outcome.status) for outcome in outcomes if outcome.status is not None])
+    return GroupRead(attempts, new_statuses)
 
 
 def finish_group(session: Session, group: GroupRead, ctx: SendContext) -> None:

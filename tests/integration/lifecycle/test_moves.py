@@ -371,6 +371,35 @@ def test_a_group_records_its_outcomes_one_statement_a_kind_in_order(sessions: se
         1 if bind.dialect.name == "postgresql" else 3)
 
 
+def test_a_group_reads_its_attempts_and_records_only_their_new_statuses(sessions: sessionmaker[Session]) -> None:
+    """What a group of outcomes reads first (one statement on PostgreSQL): the attempts of its
+    messages that are the workspace's, and of the (message, status) pairs only those of these
+    messages, each new once, whatever the group repeats."""
+    from dispatcher.store import queries as store
+
+    first, [sent] = put(sessions, N.SENT, A.SENT)
+    second, [delivered] = put(sessions, N.DELIVERED, A.DELIVERED)
+    with sessions.begin() as session:
+        session.execute(update(Attempt).where(Attempt.id == sent).values(message_id=7001, workspace="default"))
+        session.execute(update(Attempt).where(Attempt.id == delivered).values(message_id=7002, workspace="default"))
+    pairs = [(7001, "delivered"), (7001, "read"), (7001, "delivered"), (7002, "read"), (9999, "read")]
+    with sessions.begin() as session:
+        attempts, new = store.lock_attempts_and_record_statuses(session, "default", [7002, 7001, 9999, 7001], pairs)
+        assert sorted(attempts) == [7001, 7002]  # 9999 is no attempt's message: neither read nor recorded
+        assert (attempts[7001].id, attempts[7001].notification_id, attempts[7001].state) == (sent, first, A.SENT)
+        assert (attempts[7002].id, attempts[7002].notification_id, attempts[7002].state) == (delivered, second, A.DELIVERED)
+        assert new == {(7001, "delivered"), (7001, "read"), (7002, "read")}
+    with sessions.begin() as session:
+        again, none_new = store.lock_attempts_and_record_statuses(session, "default", [7001], [(7001, "read")])
+        other, theirs = store.lock_attempts_and_record_statuses(session, "elsewhere", [7001], [(7001, "read")])
+        nothing = store.lock_attempts_and_record_statuses(session, "default", [], [])
+    assert (sorted(again), none_new) == ([7001], set())
+    assert (other, theirs) == ({}, set())  # another workspace's message 7001: not this attempt
+    assert nothing == ({}, set())
+    with sessions() as session:
+        assert store.record_applied_statuses(session, "default", [(9999, "read")]) == {(9999, "read")}  # never recorded
+
+
 def test_a_group_move_that_finds_its_attempt_elsewhere_refuses_the_group(sessions: sessionmaker[Session]) -> None:
     """The group's locks make every move's guard hold; one that does not (the attempt was moved
     behind the group's back) raises, and its transaction keeps nothing."""
