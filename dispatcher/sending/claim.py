@@ -1,7 +1,8 @@
 """Claim: read what a send needs and take the attempt for this run.
 
-One transaction reads the notification and its current attempt (made on its first run) and guards
-them (still to be sent, not dying in a loop, a readable payload). On the warm path, with inbox,
+One statement (two on SQLite) reads the notification and its current attempt (made on its first
+run) and counts the run; the claim guards them (still to be sent, not dying in a loop, a readable
+payload). On the warm path, with inbox,
 contact, source_id and conversation all known, the same transaction marks the attempt in flight;
 the claim statement refuses a recipient who said no. The slow path claims once the call step
 has resolved the target (:func:`claim_resolved`)."""
@@ -43,8 +44,9 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
     """Read what the send needs; on the warm path (everything known), also mark it in flight.
 
     On PostgreSQL its statements run outside a transaction block, each its own transaction (no
-    BEGIN, no COMMIT: a warm claim is 4 round trips, not 6). Each write among them is one guarded
-    statement: the attempt's upsert (the run counted before it does anything) and the claim, a
+    BEGIN, no COMMIT: a warm claim is 3 round trips, the load with the run's count, the cached
+    target and the claim). Each write among them is one guarded statement: the attempt's upsert
+    (the run counted before it does anything, with the load) and the claim, a
     compare-and-set on the claims this run read, with the opt-out check inside it; a write of
     several statements (set aside, a refusal) takes a transaction of its own (:func:`_writing`).
     SQLite runs them all in one transaction, as before (BEGIN IMMEDIATE serialises its writers)."""
