@@ -28,7 +28,7 @@ from dispatcher.policy.ratelimit import Limit, Limiter, LocalLimiter, RedisLimit
 from dispatcher.policy.readback import ReadBackPlan
 from dispatcher.policy.retry import RetryPlan
 from dispatcher.policy.routes import find_route_inbox
-from dispatcher.settings import DEFAULT_WORKSPACE, Route, Settings
+from dispatcher.settings import DEFAULT_WORKSPACE, Limits, Route, Settings, Timers
 from dispatcher.store.account import TOP_LEVEL_INSTANCE
 from dispatcher.store.models import utcnow
 
@@ -130,21 +130,21 @@ def limits_of(settings: Settings) -> dict[str, Limit]:
     return limits
 
 
-def urgent_reserve(shared_per_minute: int, settings: Settings) -> int:
+def urgent_reserve(shared_per_minute: int, limits: Limits) -> int:
     """The slots of a budget kept for urgent calls alone, rounded up (none of a budget of one)."""
-    return min(math.ceil(settings.urgent_reserved_fraction * shared_per_minute), shared_per_minute - 1)
+    return min(math.ceil(limits.urgent_reserved_fraction * shared_per_minute), shared_per_minute - 1)
 
 
-def urgent_per_minute(shared_per_minute: int, settings: Settings) -> int:
+def urgent_per_minute(shared_per_minute: int, limits: Limits) -> int:
     """Urgent calls' share of a budget, rounded down: at least one a minute is left to normal ones
     (a budget of one a minute is urgent's to share: it cannot be split)."""
-    share = math.floor(settings.urgent_fraction_of_api_requests * shared_per_minute)
+    share = math.floor(limits.urgent_fraction_of_api_requests * shared_per_minute)
     return max(1, min(share, shared_per_minute - 1)) if shared_per_minute > 1 else 1
 
 
-def reads_per_minute(settings: Settings) -> int:
+def reads_per_minute(limits: Limits) -> int:
     """The status reads' limit: their share of the account's, rounded up (at least one a minute)."""
-    return math.ceil(settings.reads_fraction_of_api_requests * settings.api_requests_per_minute)
+    return math.ceil(limits.reads_fraction_of_api_requests * limits.api_requests_per_minute)
 
 
 def require_shared_limits(settings: Settings) -> None:
@@ -200,9 +200,9 @@ def _prefix(base: str, settings: Settings) -> str:
     return f"{base}{settings.workspace_name}:{settings.account_id}:"
 
 
-def readback_plan_of(settings: Settings) -> ReadBackPlan:
-    return ReadBackPlan(first_after_s=settings.reconcile_after_s, max_interval_s=settings.reconcile_max_interval_s,
-                        horizon_s=settings.reconcile_horizon_s)
+def readback_plan_of(timers: Timers) -> ReadBackPlan:
+    return ReadBackPlan(first_after_s=timers.reconcile_after_s, max_interval_s=timers.reconcile_max_interval_s,
+                        horizon_s=timers.reconcile_horizon_s)
 
 
 def retry_plan_of(settings: Settings) -> RetryPlan:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Tracer
 
-    from dispatcher.settings import Settings
+    from dispatcher.settings import Operators
 
 # The attribute names a span may carry; anything else is dropped, so a careless call cannot leak.
 ATTRIBUTES = frozenset({
@@ -36,10 +36,10 @@ _tracer: Tracer | None = None
 _provider: Any = None  # the SDK's TracerProvider while tracing is on: flushed by shutdown()
 
 
-def check_available(settings: Settings) -> None:
+def check_available(operators: Operators) -> None:
     """ConfigurationError, naming the setting, when ``otlp_endpoint`` is set and the tracing
     packages are not installed: said at start, in one line, not in every worker's log."""
-    if settings.otlp_endpoint is None:
+    if operators.otlp_endpoint is None:
         return
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
@@ -51,13 +51,13 @@ def check_available(settings: Settings) -> None:
                                  "install 'notification-dispatcher[tracing]'") from None
 
 
-def configure(settings: Settings, *, service: str, exporter: SpanExporter | None = None) -> bool:
-    """Turn tracing on in this process when ``settings.otlp_endpoint`` is set, or ``exporter`` is
+def configure(operators: Operators, *, service: str, exporter: SpanExporter | None = None) -> bool:
+    """Turn tracing on in this process when ``operators.otlp_endpoint`` is set, or ``exporter`` is
     given (tests: the SDK's in-memory exporter, spans exported as they end). True when on."""
     global _tracer, _provider
-    if exporter is None and settings.otlp_endpoint is None:
+    if exporter is None and operators.otlp_endpoint is None:
         return False
-    check_available(settings)
+    check_available(operators)
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -68,7 +68,7 @@ def configure(settings: Settings, *, service: str, exporter: SpanExporter | None
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=operators.otlp_endpoint)))
     _tracer, _provider = provider.get_tracer("dispatcher"), provider
     return True
 

@@ -10,59 +10,11 @@ too (dispatcher.sending.send). A window may wrap midnight ("20:00-08:00" sends a
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
-from typing import TYPE_CHECKING, Annotated
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
-from pydantic import AfterValidator
-
-if TYPE_CHECKING:  # the settings module imports this one (its validators check windows and zones)
-    from dispatcher.settings import Route, Settings
-
-WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
-
-
-@dataclass(frozen=True)
-class SendWindow:
-    opens: time
-    closes: time
-
-    @classmethod
-    def parse(cls, text: str) -> SendWindow:
-        """``"08:00-20:00"``; ValueError (naming the form, not the value) for anything else."""
-        match = WINDOW.match(text)
-        if match is None:
-            raise ValueError("a send window is HH:MM-HH:MM, for example 08:00-20:00")
-        opens = time(int(match[1]), int(match[2]))
-        closes = time(int(match[3]), int(match[4]))
-        if opens == closes:
-            raise ValueError("a send window opens and closes at different times")
-        return cls(opens, closes)
-
-    def contains(self, moment: time) -> bool:
-        if self.opens < self.closes:
-            return self.opens <= moment < self.closes
-        return moment >= self.opens or moment < self.closes  # wraps midnight
-
-
-def zone(name: str) -> ZoneInfo:
-    """An IANA time zone; ValueError (without the value) when there is no such zone."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError("is not an IANA time zone, such as Europe/Berlin") from None
-
-
-def checked_zone(name: str) -> str:
-    """``name`` when it is an IANA time zone (a pydantic validator: settings and requests take zones)."""
-    zone(name)
-    return name
-
-
-# A time zone's name, checked where it is read (a setting, a request's contact).
-ZoneName = Annotated[str, AfterValidator(checked_zone)]
+from dispatcher.settings import Route, Routing
+from dispatcher.settings.windows import SendWindow, zone
 
 
 def next_opening(due: datetime, window: SendWindow, where: ZoneInfo) -> datetime:
@@ -77,12 +29,12 @@ def next_opening(due: datetime, window: SendWindow, where: ZoneInfo) -> datetime
     return opening.astimezone(UTC)
 
 
-def within_window(due: datetime | None, time_zone: str | None, route: Route, settings: Settings, *,
+def within_window(due: datetime | None, time_zone: str | None, route: Route, routing: Routing, *,
                   now: datetime) -> datetime | None:
     """``due`` (None: now) moved to the next opening of ``route``'s send window when it falls
     outside it; the zone is the recipient's (``time_zone``), else the route's, else the default."""
     if route.send_window is None:
         return due
-    where = zone(time_zone or route.time_zone or settings.default_time_zone)
+    where = zone(time_zone or route.time_zone or routing.default_time_zone)
     opening = next_opening(due or now, SendWindow.parse(route.send_window), where)
     return due if opening == (due or now) else opening

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from dispatcher.policy.quiet_hours import ZoneName
+from dispatcher.settings.windows import ZoneName
 from dispatcher.store.db import UNSTORABLE_TEXT  # refused here, so no insert fails later
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dispatcher.settings import ChannelKind, Route, Settings
+from dispatcher.settings import ChannelKind, Route, Routing
 
 
-def needs_consent(route: Route, settings: Settings) -> bool:
+def needs_consent(route: Route, routing: Routing) -> bool:
     """The web-session channel is for "low-volume, expected and consented" sends (contract rule 4)."""
-    return route.channel is ChannelKind.WEB_SESSION and settings.web_session_consent_required
+    return route.channel is ChannelKind.WEB_SESSION and routing.web_session_consent_required

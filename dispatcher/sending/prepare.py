@@ -15,7 +15,7 @@ from dispatcher.lifecycle.states import AFTER_DECISION_PURPOSES, AttemptPurpose
 from dispatcher.policy.channels import MessageKind, choose_message_kind, template_params
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.sending.job import MessageBody, SendJob
-from dispatcher.settings import Settings
+from dispatcher.settings import Routing, Timers
 
 
 def payload_of(stored: dict[str, Any] | None) -> tuple[SendPayload | None, bool]:
@@ -38,7 +38,7 @@ def last_possible_attempt(purpose: AttemptPurpose, fallback_route: str | None, p
     return fallback_route is None and not may_resend
 
 
-def message_body(job: SendJob, settings: Settings, *, window_open: bool) -> MessageBody:
+def message_body(job: SendJob, routing: Routing, *, window_open: bool) -> MessageBody:
     """Template or free text, as the channel and the customer-service window allow."""
     assert job.payload is not None  # claim.claim fails a job without one before any step runs
     template = job.payload.template
@@ -51,24 +51,24 @@ def message_body(job: SendJob, settings: Settings, *, window_open: bool) -> Mess
     if kind is not MessageKind.TEMPLATE:
         return MessageBody(job.payload.content)
     assert template is not None  # choose_message_kind refuses a template kind without one
-    registered = settings.template(template.name, template.language)
+    registered = routing.template(template.name, template.language)
     if registered is None:
         raise InvalidEvent("template.name", "is no longer in the template registry")
     return MessageBody(job.payload.content, template_params(registered, template.params))
 
 
-def window_opening(job: SendJob, settings: Settings, *, now: datetime) -> datetime | None:
+def window_opening(job: SendJob, routing: Routing, *, now: datetime) -> datetime | None:
     """When the attempt's route opens its send window, if it is closed now (quiet hours). At intake
     a notification due at night is scheduled for the opening; this holds every later start to the
     window too: a fallback decided at night, a host's retry, a run delayed past the close, a resend
     after an unknown outcome (looked for first, as always)."""
     if job.payload is None or job.route.send_window is None:
         return None
-    return within_window(None, job.contact.time_zone, job.route, settings, now=now)
+    return within_window(None, job.contact.time_zone, job.route, routing, now=now)
 
 
-def past_send_deadline(job: SendJob, settings: Settings, *, now: datetime) -> bool:
-    return past_deadline(job.created_at or now, job.send_at, now=now, deadline_s=settings.send_deadline_s)
+def past_send_deadline(job: SendJob, timers: Timers, *, now: datetime) -> bool:
+    return past_deadline(job.created_at or now, job.send_at, now=now, deadline_s=timers.send_deadline_s)
 
 
 def past_deadline(created_at: datetime, send_at: datetime | None, *, now: datetime, deadline_s: float) -> bool:

@@ -24,15 +24,18 @@ PACKAGE = REPO_ROOT / "dispatcher"
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "api": (),
     "store": (),
+    # configuration stands on the store's one value type (an account, as rows are keyed), under
+    # everything that reads it: the policy reads routes and windows, never the reverse (issue 46)
+    "settings": ("store",),
     "lifecycle": ("store",),
-    "policy": ("api", "lifecycle"),
-    "recipients": ("policy", "store"),
-    "callbacks": ("store",),
-    "intake": ("lifecycle", "policy", "recipients", "store"),
+    "policy": ("api", "lifecycle", "settings"),
+    "recipients": ("policy", "settings", "store"),
+    "callbacks": ("settings", "store"),
+    "intake": ("lifecycle", "policy", "recipients", "settings", "store"),
     # what happened to a message is learned after it was sent: tracking asks nothing of the send path
-    "tracking": ("api", "intake", "lifecycle", "policy", "recipients", "store"),
-    "sending": ("api", "intake", "lifecycle", "policy", "recipients", "store", "tracking"),
-    "operations": ("api", "callbacks", "intake", "lifecycle", "policy", "store"),
+    "tracking": ("api", "intake", "lifecycle", "policy", "recipients", "settings", "store"),
+    "sending": ("api", "intake", "lifecycle", "policy", "recipients", "settings", "store", "tracking"),
+    "operations": ("api", "callbacks", "intake", "lifecycle", "policy", "settings", "store"),
 }
 FOLDERS = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
 

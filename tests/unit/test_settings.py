@@ -202,3 +202,50 @@ def test_rabbitmq_publishes_wait_for_the_node_to_confirm_them() -> None:
         assert broker_transport_options(url) == {"confirm_publish": True}
     for url in ("redis://127.0.0.1:6379/0", "sqla+sqlite:///x.sqlite", "filesystem:///tmp/broker"):
         assert "confirm_publish" not in broker_transport_options(url)
+
+
+# -- one module per concern (issue 46: settings grouped by concern, not one 65-field object) --
+
+def test_every_key_belongs_to_exactly_one_concern() -> None:
+    import dispatcher.settings as settings_package
+    from dispatcher.settings import Settings
+    from dispatcher.settings.checks import Concern
+
+    concerns = [kind for kind in Settings.__mro__ if issubclass(kind, Concern) and kind not in (Concern, Settings)]
+    assert {kind.__name__ for kind in concerns} == {
+        "WorkspaceApi", "Storage", "Limits", "Timers", "Routing", "Receiver", "Intake", "Callbacks", "Operators",
+        "Retention"}
+    owners: dict[str, list[str]] = {}
+    for kind in concerns:
+        assert getattr(settings_package, kind.__name__) is kind  # each one a name users can type against
+        # its own keys only: a concern builds on no other concern
+        assert [base for base in kind.__bases__] == [Concern], kind.__name__
+        assert len(kind.model_fields) <= 15, f"{kind.__name__} has grown past one concern"
+        for field in kind.model_fields:
+            owners.setdefault(field, []).append(kind.__name__)
+    assert {field: kinds for field, kinds in owners.items() if len(kinds) > 1} == {}
+    # what no concern holds is the deployment's own: the further workspaces
+    assert set(Settings.model_fields) - set(owners) == {"workspaces"}
+
+
+def test_a_concern_stands_alone_with_its_own_checks() -> None:
+    from pydantic import ValidationError
+
+    from dispatcher.context import readback_plan_of, reads_per_minute
+    from dispatcher.settings import Limits, Routing, Timers
+
+    assert readback_plan_of(Timers(reconcile_after_s=7.0)).first_after_s == 7.0
+    assert reads_per_minute(Limits(api_requests_per_minute=100, reads_fraction_of_api_requests=0.25)) == 25
+    with pytest.raises(ValidationError, match="no route named"):
+        Routing(routes={"sms": {"inbox_id": 1, "channel": "sms", "fallback": "email"}})
+    with pytest.raises(ValidationError, match="time zone"):
+        Routing(default_time_zone="Mars/Olympus")
+
+
+def test_the_keys_keep_their_flat_names_and_their_order(env: pytest.MonkeyPatch) -> None:
+    # Deployments set DISPATCHER_<KEY> and top-level TOML keys: the grouping renames none, and a
+    # missing key is still named first in the order of the example file (the workspace API first).
+    from dispatcher.settings import Settings
+
+    assert list(Settings.model_fields)[:3] == ["api_url", "account_id", "api_token"]
+    assert _error().key == "DISPATCHER_API_URL (api_url)"
