@@ -50,6 +50,9 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``logs_private``: every line our code logs formats cleanly (its arguments fit its message), says
   something (a message, no ``None`` among its arguments) and holds no phone number, no message
   content and no token: what an operator's log would show.
+* ``bug_raised``: no line our code logs names an error only a bug raises (a ``TypeError``, an
+  ``AttributeError``...): the consumer keeps a delivery's failure and goes on, and a read-back
+  learns the outcome anyway, so such a bug breaks no other promise and would pass unseen.
 * ``free_text_in_window``: on the platform, free text goes while the customer-service window is
   open; a template only where the route requires one or the window has closed.
 * ``template_resend``: free text the platform refused outside the service window (131047) is resent
@@ -913,6 +916,11 @@ def documented_error_kinds() -> frozenset[str]:
 
 
 PRIVATE_IN_LOGS = re.compile(r"\+?1555\d{7}|Reminder ev-|appointment is tomorrow|sandbox-token")
+# Errors no fault of the world raises: only a bug in our code does. The consumer keeps a failed
+# delivery's error on its row and logs its kind, and the tracking sweep hands the delivery over
+# again, so such a bug costs no promise (a read-back learns the outcome): it is seen here instead.
+PROGRAMMING_ERRORS = frozenset({"TypeError", "AttributeError", "NameError", "UnboundLocalError", "AssertionError",
+                                "IndexError", "KeyError", "ZeroDivisionError", "RecursionError"})
 
 
 def _arguments(record: logging.LogRecord) -> tuple[object, ...]:
@@ -933,5 +941,7 @@ def _logs(world: World) -> list[Violation]:
             continue
         if PRIVATE_IN_LOGS.search(line):
             found.append(Violation("logs_private", f"{record.name}:{record.lineno} logs private data"))
+        if bugs := PROGRAMMING_ERRORS.intersection(str(argument) for argument in _arguments(record)):
+            found.append(Violation("bug_raised", f"{record.name}:{record.lineno} kept a {min(bugs)} and went on"))
     world.logged.clear()
     return found
