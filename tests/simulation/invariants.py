@@ -5,8 +5,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
 * ``one_message``: at most one message per event and route in the workspace; besides it, at most
   one free text the platform refused outside the service window (131047), which the approved
   template then replaced (the lifecycle's ``resend_as_template``).
-* ``one_fallback``: the fallback decision is written once and never changes, nor does its reason; at
-  most one fallback attempt.
+* ``one_fallback``: the fallback decision is written once and never changes, nor does its reason or
+  its time; at most one fallback attempt.
 * ``forward_only``: a notification's and an attempt's state only take the lifecycle table's edges
   (dispatcher/lifecycle/table.py, its own MOVES: read, not copied), possibly several in one step.
 * ``no_send_after_opt_out``: no message whose claim came after the recipient's opt-out was committed.
@@ -76,7 +76,8 @@ Safety (each a :class:`~tests.simulation.world.Violation` when broken):
   as its delivery state; a decision is ``fallback`` or ``none`` and says why and when; a row's ``updated_at`` never runs back and
   moves whenever its state does; a failed notification has its fallback decision; its channel is
   that of the attempt whose message it shows; an attempt a cancel ended belongs to a cancelled
-  notification and a cancelled one has such an attempt; a scheduled notification waits for a time
+  notification and a cancelled one has such an attempt; a queued notification with no message to
+  show names no inbox but its current attempt's; a scheduled notification waits for a time
   its host asked for; a send run that
   ends without crashing leaves no attempt it claimed in flight (World._left_in_flight).
 * ``falls_back_as_documented``: a decision that follows a first attempt's (or its template
@@ -521,6 +522,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
     messages_of: dict[int, set[int]] = defaultdict(set)
     channel_of_message: dict[int, str] = {}
     cancelled_attempts: set[int] = set()  # notifications with an attempt the host's cancel ended
+    inbox_of_attempt: dict[tuple[int, int], int | None] = {}
 
     def moved(side: str, key: tuple[int, int], record: tuple[object, ...], updated_at: str, what: str) -> None:
         """``record``: what a reader is shown (state first, its reason, its message); when any of it
@@ -542,6 +544,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
             "tries, runs, claims, lease_until, in_flight_since, accepted_at, status_at, error_kind, error_detail, "
             "created_at, updated_at FROM attempts"):
         what = f"{event_of.get(nid)} attempt {number}"
+        inbox_of_attempt[(nid, number)] = inbox_id
         moved("a", (nid, number), (state, error_kind, error_detail, message_id), updated_at, what)
         if (lease_until is not None) != (state == AttemptState.IN_FLIGHT):
             found.append(Violation("record_matches", f"{what} is {state} with lease {lease_until}: only a call in flight holds one"))
@@ -572,6 +575,7 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
                 or match is None or match.group(1) != event_of.get(nid)):
             found.append(Violation("record_matches", f"{what}: message {message_id} is not where the attempt says"))
     reasons: dict[int, str] = world.memory.setdefault("fallback_reasons", {})
+    decision_times: dict[int, str] = world.memory.setdefault("fallback_decided_at", {})
     scheduled = world.raw.execute("SELECT id, send_at FROM notifications WHERE state = ?", (NotificationState.SCHEDULED,))
     for nid, send_at in scheduled:  # a scheduled notification waits for the time its host asked for, no other's
         asked = world.asked_send_at.get(str(event_of.get(nid)), set())
@@ -588,6 +592,14 @@ def _records_match(world: World, messages: list, event_of: dict[int, str]) -> li
                                    + ("an attempt of it was cancelled" if nid in cancelled_attempts else "no attempt was")))
         if reason is not None and reasons.setdefault(nid, reason) != reason:
             found.append(Violation("one_fallback", f"{what}: the fallback decision's reason '{reasons[nid]}' became '{reason}'"))
+        if decided_at is not None and decision_times.setdefault(nid, decided_at) != decided_at:
+            found.append(Violation("one_fallback", f"{what}: the fallback decision, made once, was given another time"))
+        if (state == NotificationState.QUEUED and message_id is None and inbox_id is not None
+                and inbox_id != inbox_of_attempt.get((nid, current))):
+            # queued with no message to show (a first attempt, a host's retry), the record describes
+            # its current attempt: where its call goes once claimed, nowhere before
+            found.append(Violation("record_matches", f"{what} shows inbox {inbox_id} with no message, not its "
+                                   "current attempt's"))
         moved("n", (nid, 0), (state, error_kind, error_detail, message_id, decision, delivery_state), updated_at, what)
         if state in ENDED_BY_DELIVERY and delivery_state != state:
             found.append(Violation("record_matches", f"{what} ended {state} showing delivery state {delivery_state}"))
