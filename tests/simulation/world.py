@@ -1306,11 +1306,17 @@ class World:
 
     def _operator_retries(self, event_id: str) -> None:
         """``dispatcher retry EVENT_ID``: the real operation, as the command line runs it."""
+        before = self.raw.execute("SELECT error_kind FROM notifications WHERE event_id = ?", (event_id,)).fetchone()
         try:
             set_aside.retry(self.sessions, event_id)
         except StateConflict:  # no longer set aside (a run finished it): the command says so, nothing changes
             self.note(f"operator: {event_id} is not set aside any more")
             return
+        after = self.raw.execute("SELECT error_kind FROM notifications WHERE event_id = ?", (event_id,)).fetchone()
+        if before is None or before[0] not in SET_ASIDE_KINDS or after is None or after[0] is not None:
+            # the command said it ran the notification again: only one set aside is, and then it is not any more
+            self.violations.append(Violation("host_told", f"operator's retry of {event_id} answered done, "
+                                             f"though it was {before[0] if before else 'missing'}, now {after[0] if after else None}"))
         self.set_aside_seen.pop(event_id, None)
         self.note(f"operator retries {event_id}")
 
