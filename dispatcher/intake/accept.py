@@ -21,7 +21,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import NotificationState
 from dispatcher.policy.quiet_hours import within_window
 from dispatcher.queues import Priority, send_queue
-from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.recipients.keys import contact_keys, keys_of_contact
 from dispatcher.recipients.platform import MARKETING
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.settings import ChannelKind, Route, Settings
@@ -145,9 +145,12 @@ def scheduled_for(request: NotificationRequest, settings: Settings, *, now: date
     return within_window(due, request.contact.time_zone, settings.routes[request.route], settings, now=now)
 
 
-def payload_of(request: NotificationRequest) -> dict[str, object]:
-    """What a send still needs; stored apart from the notification and deleted when done."""
-    return SendPayload.of(request).stored()
+def payload_of(request: NotificationRequest, settings: Settings) -> dict[str, object]:
+    """What a send still needs; stored apart from the notification and deleted when done. With it,
+    the contact's keys (keyed hashes, as the contact cache knows them): the send reads its cached
+    contact and conversation in the statement that loads the payload (lifecycle.moves.load_and_count_run)."""
+    return {**SendPayload.of(request).stored(),
+            store.PAYLOAD_CONTACT_KEYS: contact_keys(request.contact, key=settings.hashing_key)}
 
 
 def stage(session: Session, request: NotificationRequest, settings: Settings, *, now: datetime,
@@ -188,10 +191,10 @@ def stage(session: Session, request: NotificationRequest, settings: Settings, *,
     if accepting:
         if notification.state == NotificationState.QUEUED:
             notification.enqueued_at = now
-        store.add_notification(session, notification, payload_of(request))
+        store.add_notification(session, notification, payload_of(request, settings))
         return notification, True
     with session.begin_nested():  # a racing twin's insert fails here without undoing the host's work
-        store.add_notification(session, notification, payload_of(request))
+        store.add_notification(session, notification, payload_of(request, settings))
     return notification, True
 
 

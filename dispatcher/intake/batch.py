@@ -162,7 +162,7 @@ def _store_together(items: list[_Valid], sessions: sessionmaker[Session], enqueu
     try:
         with sessions.begin() as session:
             ids = moves.create_many(session, rows)
-            store.add_payloads(session, {ids[item.request.event_id]: payload_of(item.request) for item in items})
+            store.add_payloads(session, {ids[item.request.event_id]: payload_of(item.request, item.settings) for item in items})
     except IntegrityError:  # a twin stored one of these events meanwhile: each item decides alone
         return {item.index: _one(item, sessions, enqueuer, lambda: now) for item in items}
     lanes: dict[str, list[int]] = {}  # each queued row to its workspace's and priority's queue

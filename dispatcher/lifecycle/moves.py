@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, case, exists, false, func, insert, literal, or_, select, text, true, update
+from sqlalchemy import BigInteger, Row, String, and_, bindparam, case, exists, false, func, insert, literal, or_, select, text, true, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
@@ -32,10 +32,11 @@ from dispatcher.lifecycle.states import (
     notification_state_for,
 )
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
+from dispatcher.store.account import Account
 from dispatcher.store.built_once import built_once
 from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert
 from dispatcher.store.models import Attempt, Notification, table_of
-from dispatcher.store.queries import LOAD_FOR_SEND
+from dispatcher.store.queries import LOAD_FOR_SEND, PAYLOAD_CONTACT_KEYS, CachedTarget, cached_target_of_payload
 
 NOTIFICATIONS = table_of(Notification)
 ATTEMPTS = table_of(Attempt)
@@ -195,38 +196,60 @@ class CountedRun:
     runs: int
 
 
-def load_and_count_run(session: Session, *, notification_id: int, channels: Mapping[str, str],
-                       now: datetime) -> tuple[Row[Any] | None, CountedRun | None]:
-    """What a send reads of its notification (``store.load_for_send``'s row) and, when the
-    notification is still to be sent and its current attempt's route is configured (one of
-    ``channels``: route name to channel), that attempt with this run counted (:func:`open_attempt`,
-    made on its first run). None for the attempt: not counted, nothing to send.
+@dataclass(frozen=True)
+class LoadedRun:
+    """What :func:`load_and_count_run` read: the notification (``store.load_for_send``'s row, None
+    when there is no such notification); its current attempt with this run counted (None: not
+    counted, nothing to send); and what the store knows of its contact for the inbox
+    ``target_inbox_id``, read with it (None: not read with the load, ask ``store.cached_target``)."""
 
-    PostgreSQL reads and counts in one statement (the load as a CTE, the upsert as another, one
-    round trip); SQLite in two, in the caller's transaction."""
+    notification: Row[Any] | None
+    attempt: CountedRun | None
+    target: CachedTarget | None = None
+    target_inbox_id: int | None = None
+
+
+def load_and_count_run(session: Session, *, notification_id: int, channels: Mapping[str, str],
+                       inboxes: Mapping[str, int], account: Account, now: datetime) -> LoadedRun:
+    """What a send reads of its notification and, when the notification is still to be sent and
+    its current attempt's route is configured (one of ``channels``: route name to channel), that
+    attempt with this run counted (:func:`open_attempt`, made on its first run).
+
+    PostgreSQL reads, counts and finds the cached target in one statement (the load as a CTE, the
+    upsert as another, the target as a LATERAL join on the keys the payload holds and the route's
+    inbox in ``inboxes``, route name to inbox ID, as this process knows them): one round trip. SQLite
+    reads and counts in two statements, in the caller's transaction, and leaves the target out."""
     if _one_statement(session):
         row = session.execute(_LOAD_AND_COUNT_RUN(session), {
-            "notification_id": notification_id, "channels": dict(channels), "now": now}).one_or_none()
+            "notification_id": notification_id, "channels": dict(channels), "inboxes": dict(inboxes),
+            "instance": account.instance, "account_id": account.id, "now": now}).one_or_none()
         if row is None or row.run_id is None:
-            return row, None
-        return row, CountedRun(**{column.name: getattr(row, f"run_{column.name}") for column in SEND_COLUMNS})
+            return LoadedRun(row, None)
+        counted = CountedRun(**{column.name: getattr(row, f"run_{column.name}") for column in SEND_COLUMNS})
+        keyed = isinstance(row.body, dict) and PAYLOAD_CONTACT_KEYS in row.body  # written at intake since issue 46
+        inbox_id = inboxes.get(row.attempt_route or row.route)
+        if not keyed or inbox_id is None:
+            return LoadedRun(row, counted)
+        return LoadedRun(row, counted, CachedTarget(row.target_contact_id, row.target_source_id,
+                                                    row.target_conversation_id, row.target_last_incoming_at), inbox_id)
     notification = session.execute(LOAD_FOR_SEND, {"notification_id": notification_id}).one_or_none()
     if notification is None or notification.state not in SENDABLE_NOTIFICATION_STATES:
-        return notification, None
+        return LoadedRun(notification, None)
     route = notification.attempt_route or notification.route  # the first attempt's row is made by its first run
     channel = channels.get(route)
     if channel is None:
-        return notification, None
+        return LoadedRun(notification, None)
     attempt = open_attempt(session, notification_id=notification_id, number=notification.current_attempt,
                            route=route, channel=channel, now=now)
-    return notification, CountedRun(**attempt._asdict())
+    return LoadedRun(notification, CountedRun(**attempt._asdict()))
 
 
 @built_once
 def _LOAD_AND_COUNT_RUN(dialect: str) -> Any:  # noqa: N802 (a statement, named as the constant it is)
     """:func:`load_and_count_run` on PostgreSQL: ``WITH loaded AS (<the load>), counted AS (INSERT
     ... SELECT FROM loaded ... ON CONFLICT DO UPDATE SET runs = runs + 1 RETURNING ...) SELECT
-    loaded.*, counted.* FROM loaded LEFT JOIN counted ON true``. The upsert is open_attempt's, made
+    loaded.*, counted.*, cached_target.* FROM loaded LEFT JOIN counted ON true LEFT JOIN LATERAL
+    (<the payload's keys' cached target for the route's inbox>) cached_target ON true``. The upsert is open_attempt's, made
     only for a notification still to be sent whose route is among the ``channels`` parameter (a
     JSON object: route name to channel, the new row's channel)."""
     assert dialect == "postgresql", "data-modifying CTEs are PostgreSQL's"
@@ -246,9 +269,14 @@ def _LOAD_AND_COUNT_RUN(dialect: str) -> Any:  # noqa: N802 (a statement, named 
     counted = upsert.on_conflict_do_update(
         index_elements=["notification_id", "number"], set_={"runs": ATTEMPTS.c.runs + 1, "updated_at": at},
     ).returning(*SEND_COLUMNS).cte("counted")
+    inboxes: Any = bindparam("inboxes", type_=postgresql.JSONB)
+    target = cached_target_of_payload(loaded.c.body, inboxes.op("->>")(route_of_attempt).cast(BigInteger),
+                                      instance=bindparam("instance", type_=String()),
+                                      account_id=bindparam("account_id", type_=BigInteger()))
     return (select(*(loaded.c[column.name] for column in LOAD_FOR_SEND.selected_columns),
-                   *(counted.c[column.name].label(f"run_{column.name}") for column in SEND_COLUMNS))
-            .select_from(loaded.outerjoin(counted, true())))
+                   *(counted.c[column.name].label(f"run_{column.name}") for column in SEND_COLUMNS),
+                   *(column.label(f"target_{column.name}") for column in target.c))
+            .select_from(loaded.outerjoin(counted, true()).outerjoin(target, true())))
 
 
 # --- before the message exists ------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _retry_failed(sessions: sessionmaker[Session], settings: Settings, enqueuer:
             raise StateConflict(f"notification {event_id!r} is no longer failed")
         if not kept:
             assert request is not None
-            store.add_payload(session, notification.id, payload_of(request))
+            store.add_payload(session, notification.id, payload_of(request, settings))
         store.mark_enqueued(session, [notification.id], now=now)
         notification_id = notification.id
         queue = send_queue(notification.workspace, Priority(notification.priority))

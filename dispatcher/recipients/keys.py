@@ -23,6 +23,12 @@ def recipient_keys(*, key: bytes, identifier: str | None = None, phone_number: s
     return keys
 
 
+def contact_keys(contact: ContactDetails, *, key: bytes) -> list[str]:
+    """Identity keys (keyed hashes) the contact cache knows, identifier first: the host's stable ID
+    beats a phone number (a recipient's e-mail key is for suppressions only)."""
+    return recipient_keys(key=key, identifier=contact.identifier, phone_number=contact.phone_number)
+
+
 def keys_of_contact(contact: ContactDetails, *, key: bytes) -> list[str]:
     """Every key a notification's contact is known by."""
     return recipient_keys(key=key, identifier=contact.identifier, phone_number=contact.phone_number, email=contact.email)

@@ -29,11 +29,10 @@ from dispatcher.lifecycle.states import (
 )
 from dispatcher.policy.channels import window_open as service_window_open
 from dispatcher.queues import Priority
-from dispatcher.recipients.keys import keys_of_contact
+from dispatcher.recipients.keys import contact_keys, keys_of_contact
 from dispatcher.recipients.policy import needs_consent
 from dispatcher.sending import prepare, record
 from dispatcher.sending.job import MessageBody, Outcome, OwedDecision, SendJob, SendResult, Target, current_attempt
-from dispatcher.sending.resolve import contact_keys
 from dispatcher.store import queries as store
 from dispatcher.store.suppressions import Blocked, blocking_reason, refusal_clause
 
@@ -44,8 +43,8 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
     """Read what the send needs; on the warm path (everything known), also mark it in flight.
 
     On PostgreSQL its statements run outside a transaction block, each its own transaction (no
-    BEGIN, no COMMIT: a warm claim is 3 round trips, the load with the run's count, the cached
-    target and the claim). Each write among them is one guarded statement: the attempt's upsert
+    BEGIN, no COMMIT: a warm claim is 2 round trips, the load with the run's count and the cached
+    target, then the claim). Each write among them is one guarded statement: the attempt's upsert
     (the run counted before it does anything, with the load) and the claim, a
     compare-and-set on the claims this run read, with the opt-out check inside it; a write of
     several statements (set aside, a refusal) takes a transaction of its own (:func:`_writing`).
@@ -53,8 +52,9 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         alone = moves.each_statement_alone(session)
-        notification, attempt = moves.load_and_count_run(session, notification_id=notification_id,
-                                                         channels=_channels(ctx), now=now)
+        loaded = moves.load_and_count_run(session, notification_id=notification_id, channels=_channels(ctx),
+                                          inboxes=_inboxes(ctx), account=ctx.settings.account, now=now)
+        notification, attempt = loaded.notification, loaded.attempt
         if notification is None:
             return SendResult(Outcome.SKIPPED, "no such notification")
         if notification.state not in SENDABLE_NOTIFICATION_STATES:
@@ -103,7 +103,7 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
             # other queued attempt is asked here, before any call (an in-flight or unknown one is
             # looked for first, in send._send). In quiet hours nothing starts: send._send waits.
             if job.tries < ctx.plan.max_tries and prepare.window_opening(job, ctx.settings, now=now) is None:
-                job = _start_if_known(session, job, ctx, now=now)
+                job = _start_if_known(session, job, ctx, loaded, now=now)
             if job.started is None and (blocked := said_no(session, job, ctx)) is not None:
                 with _writing(session, ctx, alone=alone) as writes:
                     refused = end_refused(writes, job, blocked, now=now)
@@ -124,6 +124,13 @@ def _channels(ctx: SendContext) -> dict[str, str]:
     return {name: route.channel.value for name, route in ctx.settings.routes.items()}
 
 
+def _inboxes(ctx: SendContext) -> dict[str, int]:
+    """The routes whose inbox this process knows, and that inbox's ID: the load reads the cached
+    target for the route's inbox with the notification (no call, no statement of its own)."""
+    return {name: inbox.id for name, route in ctx.settings.routes.items()
+            if (inbox := ctx.inboxes.cached(route)) is not None}
+
+
 @contextlib.contextmanager
 def _writing(session: Session, ctx: SendContext, *, alone: bool) -> Iterator[Session]:
     """Where a write of several statements goes: the claim's own transaction, or, when the claim's
@@ -135,20 +142,24 @@ def _writing(session: Session, ctx: SendContext, *, alone: bool) -> Iterator[Ses
         yield writes
 
 
-def _start_if_known(session: Session, job: SendJob, ctx: SendContext, *, now: datetime) -> SendJob:
+def _start_if_known(session: Session, job: SendJob, ctx: SendContext, loaded: moves.LoadedRun, *,
+                    now: datetime) -> SendJob:
     """The warm path: with inbox, contact, source_id and conversation all known, mark the
-    attempt in flight in the loading transaction itself (one commit before createMessage)."""
+    attempt in flight in the loading transaction itself (one commit before createMessage). The
+    cached target is the one the load read with the notification, for this inbox; else (SQLite, a
+    payload stored before its keys were) it is read here, a statement of its own."""
     inbox = ctx.inboxes.cached(job.route)
     if inbox is None:
         return job
-    contact_id, source_id, conversation_id, last_incoming = store.cached_target(
-        session, account=ctx.settings.account, keys=contact_keys(job.contact, key=ctx.settings.hashing_key),
-        inbox_id=inbox.id
-    )
-    window = service_window_open(last_incoming, now=now)
-    if contact_id is None or source_id is None or conversation_id is None:
+    known = loaded.target if loaded.target_inbox_id == inbox.id else None
+    if known is None:
+        known = store.cached_target(session, account=ctx.settings.account,
+                                    keys=contact_keys(job.contact, key=ctx.settings.hashing_key), inbox_id=inbox.id)
+    window = service_window_open(known.last_incoming_at, now=now)
+    if known.contact_id is None or known.source_id is None or known.conversation_id is None:
         return job
-    target = Target(inbox_id=inbox.id, contact_id=contact_id, conversation_id=conversation_id, window_open=window)
+    target = Target(inbox_id=inbox.id, contact_id=known.contact_id, conversation_id=known.conversation_id,
+                    window_open=window)
     try:
         body = prepare.message_body(job, ctx.settings, window_open=window)
     except InvalidEvent:

@@ -29,9 +29,9 @@ from dispatcher.policy.channels import reports_read
 from dispatcher.policy.fallback import OUTCOME_UNKNOWN, SEND_DEADLINE, WINDOW_PAST_DEADLINE, Failure
 from dispatcher.policy.readback import next_read_at
 from dispatcher.policy.retry import Decision, DecisionKind, decide
+from dispatcher.recipients.keys import contact_keys
 from dispatcher.sending import call, prepare
 from dispatcher.sending.job import TRIES_EXHAUSTED, Outcome, SendJob, SendResult, current_attempt
-from dispatcher.sending.resolve import contact_keys
 from dispatcher.store import queries as store
 from dispatcher.tracking import outcomes as tracking
 

@@ -16,18 +16,12 @@ from dispatcher.api.paging import iter_search_results
 from dispatcher.context import SEARCH_BUCKET, SendContext, Wait, call_api
 from dispatcher.errors import DispatcherError
 from dispatcher.intake.request import ContactDetails
-from dispatcher.recipients.keys import recipient_keys
+from dispatcher.recipients.keys import contact_keys
 from dispatcher.store import queries as store
 
 
 class NotContactable(DispatcherError):
     """The workspace offers no binding between the contact and the route's inbox."""
-
-
-def contact_keys(contact: ContactDetails, *, key: bytes) -> list[str]:
-    """Identity keys (keyed hashes) the contact cache knows, identifier first: the host's stable ID
-    beats a phone number (a recipient's e-mail key is for suppressions only)."""
-    return recipient_keys(key=key, identifier=contact.identifier, phone_number=contact.phone_number)
 
 
 def resolve_contact(ctx: SendContext, contact: ContactDetails, *, inbox_id: int) -> tuple[int, str | None]:

@@ -441,20 +441,62 @@ _CACHED_TARGET = (
 )
 
 
-def cached_target(
-    session: Session, *, account: Account, keys: Sequence[str], inbox_id: int
-) -> tuple[int | None, str | None, int | None, datetime | None]:
+PAYLOAD_CONTACT_KEYS = "contact_keys"  # the payload's keyed hashes of its contact, identifier first (written at intake)
+
+
+@dataclass(frozen=True)
+class CachedTarget:
+    """What the store knows of a contact for an inbox (see :func:`cached_target`)."""
+
+    contact_id: int | None
+    source_id: str | None
+    conversation_id: int | None
+    last_incoming_at: datetime | None
+
+
+NO_TARGET = CachedTarget(None, None, None, None)
+
+
+def cached_target_of_payload(body: Any, inbox_id: Any, *, instance: Any, account_id: Any) -> Any:
+    """:func:`cached_target` as a LATERAL subquery of PostgreSQL, for a statement that reads the
+    payload anyway (the send's load): the keys are the payload's own (``body``, a JSON column
+    expression), ``inbox_id`` an expression of the route's inbox (NULL: none known, so no target).
+    Columns ``contact_id``, ``source_id``, ``conversation_id``, ``last_incoming_at``; no row when no
+    key is known (identifier before phone, as the keys stand in the payload)."""
+    key = func.json_array_elements_text(body[PAYLOAD_CONTACT_KEYS]).table_valued(
+        "value", with_ordinality="position").render_derived(name="contact_key")
+    known, links, conversations, windows = (table_of(model).alias(f"target_{name}") for model, name in (
+        (KnownContact, "contact"), (ContactInbox, "source"), (ConversationLink, "conversation"),
+        (ServiceWindow, "window")))
+
+    def same_pair(table: Any) -> Any:
+        return ((table.c.instance == known.c.instance) & (table.c.account_id == known.c.account_id)
+                & (table.c.contact_id == known.c.contact_id) & (table.c.inbox_id == inbox_id))
+
+    return (
+        select(known.c.contact_id, links.c.source_id, conversations.c.conversation_id, windows.c.last_incoming_at)
+        .select_from(key.join(known, known.c.identity_key == key.c.value)
+                     .outerjoin(links, same_pair(links)).outerjoin(conversations, same_pair(conversations))
+                     .outerjoin(windows, same_pair(windows)))
+        .where(known.c.instance == instance, known.c.account_id == account_id)
+        .order_by(key.c.position)
+        .limit(1)
+        .lateral("cached_target")
+    )
+
+
+def cached_target(session: Session, *, account: Account, keys: Sequence[str], inbox_id: int) -> CachedTarget:
     """What the store already knows for a contact and inbox, in one round trip: contact_id,
     source_id, conversation display ID, and the time of the contact's last incoming message
     through the inbox (whether its service window is open is the channel policy's to say)."""
     if not keys:
-        return None, None, None, None
+        return NO_TARGET
     rows = session.execute(_CACHED_TARGET, {"instance": account.instance, "account_id": account.id, "inbox_id": inbox_id,
                                             "keys": list(keys)}).all()
     if not rows:
-        return None, None, None, None
+        return NO_TARGET
     row = min(rows, key=lambda found: list(keys).index(found.identity_key))  # identifier before phone
-    return row.contact_id, row.source_id, row.conversation_id, row.last_incoming_at
+    return CachedTarget(row.contact_id, row.source_id, row.conversation_id, row.last_incoming_at)
 
 
 def last_incoming_at(session: Session, *, account: Account, contact_id: int, inbox_id: int) -> datetime | None:

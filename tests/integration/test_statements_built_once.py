@@ -113,10 +113,10 @@ def test_the_count_sees_a_statement_compiled_on_every_execution(context: SendCon
     assert sum(compiled.values()) == 2
 
 
-def test_a_warm_send_is_four_statements_each_alone_and_its_acceptance_commits_without_waiting(
+def test_a_warm_send_is_three_statements_each_alone_and_its_acceptance_commits_without_waiting(
         context: SendContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim (the load with the run's count, the known target, the compare-and-set) and the
-    acceptance: on PostgreSQL four statements, each outside a transaction block (psycopg sends no
+    """The claim (the load with the run's count and the known target, the compare-and-set) and the
+    acceptance: on PostgreSQL three statements, each outside a transaction block (psycopg sends no
     BEGIN and no COMMIT in autocommit), the acceptance's turning ``synchronous_commit`` off for its
     own implicit transaction (no ``SET LOCAL`` of its own). On SQLite two transactions, as before.
     The round trips on the wire: the next test."""
@@ -169,8 +169,9 @@ def test_a_warm_send_is_four_statements_each_alone_and_its_acceptance_commits_wi
         with context.sessions.begin() as session:
             assert not autocommit(session)
     if engine.dialect.name == "postgresql":
-        assert len(statements) == 4, statements
-        assert statements[0].startswith("WITH loaded AS")  # the load and the count of the run: one statement
+        assert len(statements) == 3, statements
+        # the load, the count of the run and the target, found by the keys the payload holds: one statement
+        assert statements[0].startswith("WITH loaded AS") and "LATERAL" in accepted_with[0]
         assert not any(statement.startswith("SET") for statement in statements)
         assert "set_config" in accepted_with[-1] and "message_id" in accepted_with[-1]
         assert (autocommit_at_claim, autocommit_at_accept) == ([True], [True])
@@ -181,11 +182,12 @@ def test_a_warm_send_is_four_statements_each_alone_and_its_acceptance_commits_wi
 def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess, fresh_postgres_url: str,
                                                         clean_environment: pytest.MonkeyPatch) -> None:
     """What PostgreSQL sees of a warm send, counted by a proxy between the two (every turn of the
-    client to speak: BEGIN, a statement, COMMIT, a ping): the claim's 3 statements and the
+    client to speak: BEGIN, a statement, COMMIT, a ping): the claim's 2 statements and the
     acceptance's 1, each outside a transaction block, and nothing else: the pool checks a
     connection it hands out by its socket, not by a ping (store.db). 11 with the claim and the
     acceptance in transactions and ``pool_pre_ping``, 7 without the transactions, 5 without the
-    pings, then 4 with the load and the count of the run as one statement."""
+    pings, 4 with the load and the count of the run as one statement, then 3 with the cached
+    target read in it too (by the contact keys stored with the payload at intake)."""
     sandbox.reset()
     url = sa.engine.make_url(fresh_postgres_url)
     with tcp_proxy(url.host or "127.0.0.1", url.port or 5432) as proxy, \
@@ -200,7 +202,7 @@ def test_round_trips_of_a_warm_send_counted_on_the_wire(sandbox: SandboxProcess,
             assert notification is not None
         before = proxy.round_trips
         assert drive(ctx, notification.id)[-1].outcome is Outcome.ACCEPTED
-        assert proxy.round_trips - before == 4
+        assert proxy.round_trips - before == 3
 
 
 def test_a_lone_delivery_counts_its_run_outside_a_transaction_block(context: SendContext,

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import event, select, update
@@ -18,9 +19,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from dispatcher.lifecycle import moves, worklists
 from dispatcher.lifecycle.states import AttemptState as A
 from dispatcher.lifecycle.states import NotificationState as N
+from dispatcher.store.account import TOP_LEVEL_INSTANCE, Account
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
-from dispatcher.store.models import Attempt, Notification
+from dispatcher.store.models import (
+    Attempt,
+    ContactInbox,
+    ConversationLink,
+    KnownContact,
+    Notification,
+    Payload,
+    ServiceWindow,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +104,16 @@ def test_create_and_open_attempt(sessions: sessionmaker[Session]) -> None:
     assert states(sessions, notification_id) == (N.QUEUED, [A.QUEUED])
 
 
+ACCOUNT = Account(TOP_LEVEL_INSTANCE, 1)
+
+
+def load(session: Session, notification_id: int, channels: dict[str, str]) -> tuple[Any, moves.CountedRun | None]:
+    loaded = moves.load_and_count_run(session, notification_id=notification_id, channels=channels, inboxes={},
+                                      account=ACCOUNT, now=NOW)
+    assert loaded.target is None and loaded.target_inbox_id is None  # no inbox known: no target read
+    return loaded.notification, loaded.attempt
+
+
 def test_load_and_count_run_counts_only_a_run_with_something_to_send(sessions: sessionmaker[Session]) -> None:
     """The claim's first read, one statement on PostgreSQL: the notification as a send reads it, and
     its current attempt with the run counted (made by its first run, with its route's channel), only
@@ -103,16 +123,16 @@ def test_load_and_count_run_counts_only_a_run_with_something_to_send(sessions: s
     ended, [ended_attempt] = put(sessions, N.DELIVERED, A.DELIVERED)
     fell_back, [_, fallback] = put(sessions, N.FALLING_BACK, A.FAILED, A.QUEUED, fallback_decision="fallback")
     with sessions.begin() as session:
-        first, counted = moves.load_and_count_run(session, notification_id=fresh, channels=channels, now=NOW)
-        _, again = moves.load_and_count_run(session, notification_id=fresh, channels=channels, now=NOW)
+        first, counted = load(session, fresh, channels)
+        _, again = load(session, fresh, channels)
         assert first is not None and counted is not None and again is not None
         assert (first.id, first.state, first.attempt_route, first.body) == (fresh, N.QUEUED, None, None)  # read before the count
         assert (counted.id, counted.state, counted.runs, counted.tries, counted.claims) == (again.id, A.QUEUED, 1, 0, 0)
         assert again.runs == 2
-        gone = moves.load_and_count_run(session, notification_id=10**9, channels=channels, now=NOW)
-        done, not_counted = moves.load_and_count_run(session, notification_id=ended, channels=channels, now=NOW)
-        unconfigured, none_made = moves.load_and_count_run(session, notification_id=fresh, channels={"sms": "sms"}, now=NOW)
-        later, its_run = moves.load_and_count_run(session, notification_id=fell_back, channels=channels, now=NOW)
+        gone = load(session, 10**9, channels)
+        done, not_counted = load(session, ended, channels)
+        unconfigured, none_made = load(session, fresh, {"sms": "sms"})
+        later, its_run = load(session, fell_back, channels)
     assert gone == (None, None)
     assert done is not None and done.state == N.DELIVERED and not_counted is None
     assert unconfigured is not None and none_made is None
@@ -125,8 +145,55 @@ def test_load_and_count_run_counts_only_a_run_with_something_to_send(sessions: s
                                                                                       "messaging_platform", 0)])
         assert session.get(Attempt, ended_attempt) is not None
     with sessions.begin() as session:  # the fallback's route no longer configured: its run is not counted
-        _, uncounted = moves.load_and_count_run(session, notification_id=fell_back, channels={"sms": "sms"}, now=NOW)
+        _, uncounted = load(session, fell_back, {"sms": "sms"})
     assert uncounted is None
+
+
+def test_the_load_reads_the_cached_target_by_the_payloads_keys_on_postgresql(sessions: sessionmaker[Session]) -> None:
+    """The warm claim's target (contact, source_id, conversation, last incoming message) comes with
+    the load on PostgreSQL, found by the keyed hashes the payload holds (identifier first) for the
+    route's inbox as the process knows it. SQLite, a payload without keys or an inbox not known:
+    none is read (the claim asks store.cached_target)."""
+    channels = {"reminders": "messaging_platform", "sms": "sms"}
+    known = {"by-id": 11, "by-phone": 12}
+    with sessions.begin() as session:
+        for key, contact_id in known.items():
+            session.add(KnownContact(**ACCOUNT.columns, identity_key=key, contact_id=contact_id, created_at=NOW))
+            session.add(ContactInbox(**ACCOUNT.columns, contact_id=contact_id, inbox_id=7, source_id=f"source-{contact_id}"))
+            session.add(ConversationLink(**ACCOUNT.columns, contact_id=contact_id, inbox_id=7, conversation_id=contact_id + 100))
+        session.add(ServiceWindow(**ACCOUNT.columns, contact_id=12, inbox_id=7, last_incoming_at=NOW))
+        session.add(KnownContact(instance="elsewhere", account_id=1, identity_key="by-other", contact_id=13, created_at=NOW))
+
+    def with_payload(body: dict[str, object] | None) -> int:
+        notification_id, _ = put(sessions, N.QUEUED)
+        if body is not None:
+            with sessions.begin() as session:
+                session.add(Payload(notification_id=notification_id, body=body))
+        return notification_id
+
+    def target(notification_id: int, inboxes: dict[str, int]) -> tuple[object, ...] | None:
+        with sessions.begin() as session:
+            loaded = moves.load_and_count_run(session, notification_id=notification_id, channels=channels,
+                                              inboxes=inboxes, account=ACCOUNT, now=NOW)
+        assert loaded.attempt is not None  # counted, whatever was known
+        if loaded.target is None:
+            return None
+        return (loaded.target_inbox_id, loaded.target.contact_id, loaded.target.source_id,
+                loaded.target.conversation_id, loaded.target.last_incoming_at is not None)
+
+    both = with_payload({"content": "x", "contact": {}, "contact_keys": ["by-id", "by-phone"]})
+    phone_first = with_payload({"content": "x", "contact": {}, "contact_keys": ["unknown", "by-phone", "by-id"]})
+    nobody = with_payload({"content": "x", "contact": {}, "contact_keys": ["unknown", "by-other"]})
+    unkeyed = with_payload({"content": "x", "contact": {}})
+    if sessions.kw["bind"].dialect.name == "sqlite":
+        assert [target(row, {"reminders": 7}) for row in (both, phone_first, nobody, unkeyed)] == [None] * 4
+        return
+    assert target(both, {"reminders": 7}) == (7, 11, "source-11", 111, False)  # the identifier's, listed first
+    assert target(phone_first, {"reminders": 7}) == (7, 12, "source-12", 112, True)  # the first key known
+    assert target(both, {"reminders": 8}) == (8, 11, None, None, False)  # another inbox: the contact, nothing else
+    assert target(nobody, {"reminders": 7}) == (7, None, None, None, False)  # another instance's key is not ours
+    assert target(both, {"sms": 7}) is None  # the attempt's route's inbox is not known
+    assert target(unkeyed, {"reminders": 7}) is None  # stored before the keys were: not read with the load
 
 
 def test_release_due_moves_only_scheduled_rows_whose_time_came(sessions: sessionmaker[Session]) -> None:
