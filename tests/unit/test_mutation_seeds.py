@@ -22,3 +22,10 @@ def test_each_pick_adds_the_most_branches_the_selection_does_not_take_until_none
     assert seeds.greedy(taken, [("small", 1)], gain=2) == [(("outage", 1), 4, 6)]
     assert seeds.greedy(taken, [("small", 1)], gain=1) == [(("outage", 1), 4, 6), (("outage", 2), 1, 7)]
     assert seeds.greedy(taken, [("small", 1), ("outage", 1), ("outage", 2)], gain=1) == []
+
+
+def test_the_seeds_are_picked_by_the_branches_of_every_mutated_module() -> None:
+    import tomllib
+
+    mutated = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
+    assert list(seeds.MUTATED) == mutated and "dispatcher/sending/claim.py" in seeds.MUTATED
