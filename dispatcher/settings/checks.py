@@ -8,7 +8,7 @@ import binascii
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr
 from pydantic_settings import NoDecode
 
 ENV_PREFIX = "DISPATCHER_"
@@ -43,6 +43,10 @@ def checked_base_url(value: str) -> str:
     if value.endswith("/api/v1") or "/api/v1/" in value:
         raise ValueError("give the base URL without /api/v1; the client adds the API path")
     return value
+
+
+# The workspace API's base URL, as the top level and each further workspace give it.
+BaseUrl = Annotated[str, AfterValidator(checked_base_url)]
 
 
 def long_token(value: SecretStr | None, *, turns_off: str) -> SecretStr | None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator
 
-from dispatcher.settings.checks import Concern, checked_base_url
+from dispatcher.settings.checks import BaseUrl, Concern
 
 SEND_LEASE_MARGIN_S = 5.0  # past the HTTP budget: the commit that records createMessage's answer
 
 
 class WorkspaceApi(Concern):
-    api_url: str
+    api_url: BaseUrl
     account_id: int = Field(gt=0)
     api_token: SecretStr
 
@@ -21,11 +21,6 @@ class WorkspaceApi(Concern):
     http_write_timeout_s: float = Field(default=15.0, gt=0, le=300)
     http_pool_timeout_s: float = Field(default=5.0, gt=0, le=120)
     http_max_connections: int = Field(default=20, gt=0, le=1000)
-
-    @field_validator("api_url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        return checked_base_url(value)
 
     @field_validator("api_token")
     @classmethod

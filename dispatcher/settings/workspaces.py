@@ -8,7 +8,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from dispatcher.queues import DEFAULT_WORKSPACE_NAME
-from dispatcher.settings.checks import CallbackUrl, check_whsec, checked_base_url, long_token
+from dispatcher.settings.checks import BaseUrl, CallbackUrl, check_whsec, long_token
 from dispatcher.settings.routes import Route
 
 DEFAULT_WORKSPACE = DEFAULT_WORKSPACE_NAME  # the workspace of the top-level settings, and of every notification naming none
@@ -22,7 +22,7 @@ class Workspace(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    api_url: str
+    api_url: BaseUrl
     account_id: int = Field(gt=0)
     api_token: SecretStr
     webhook_secrets: list[SecretStr] = Field(default_factory=list)
@@ -37,11 +37,6 @@ class Workspace(BaseModel):
     @classmethod
     def _intake_token_long(cls, value: SecretStr | None) -> SecretStr | None:
         return long_token(value, turns_off="HTTP intake for this workspace")
-
-    @field_validator("api_url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        return checked_base_url(value)
 
     @field_validator("callback_secrets")
     @classmethod
