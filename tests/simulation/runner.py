@@ -112,6 +112,12 @@ WORLDS: dict[str, WorldSpec] = {
     "lost-answers": WorldSpec(notifications=2, faults=10, fault_rate=0.5, opt_outs=False, kinds=(6, 6),
                               call_fault_operations=("/messages",), crash_nodes=frozenset(), duplicates=False,
                               webhook_faults=False, in_transaction_crashes=False),
+    # The same, and a createMessage answered 200 by a page no one can read while the call never
+    # reached the workspace: the attempt is looked for and never resent, and the look finds nothing
+    # (not_found_after_unknown_outcome), or finds a message an earlier, lost answer made.
+    "unreadable-answers": WorldSpec(notifications=2, faults=10, fault_rate=0.5, opt_outs=False, kinds=(6, 6),
+                                    call_fault_operations=("/messages",), crash_nodes=frozenset(), duplicates=False,
+                                    webhook_faults=False, in_transaction_crashes=False, unreadable_answers=True),
     # Cancels (issue 15) before, between and after the claims, with crashes of the host (it asks
     # again), the workers and the sweeps: a cancel that answered cancelled lets nothing out.
     "cancels": WorldSpec(notifications=3, faults=6, fault_rate=0.15, cancels=True, cancel_within_s=8, kind_count=6),

@@ -34,11 +34,14 @@ TOKEN = "sandbox-token-account-1"
 RECEIVER_URL = "http://127.0.0.1:8000/webhooks/messaging"
 WORKSPACE_URL = "http://sandbox.test"
 
-# Fault kinds the scheduler may inject on one API call (0 is "no fault"). The last, a refusal the
-# stock workspace answers when a conversation gets too many messages (422), is drawn only in worlds
-# with ``refusals``: the other worlds keep the draws their regression seeds were recorded with.
-CALL_FAULTS = ("none", "429 retry-after", "429", "500", "401", "404", "connect error", "answer lost", "422")
-REFUSAL_FAULTS = 1
+# Fault kinds the scheduler may inject on one API call (0 is "no fault"). The last two are drawn
+# only in the worlds that ask for them, so that the other worlds keep the draws their regression
+# seeds were recorded with: a refusal the stock workspace answers when a conversation gets too many
+# messages (422, worlds with ``refusals``), and a success no one can read, a gateway's page answered
+# in the workspace's place, the call never reaching it (worlds with ``unreadable_answers``).
+CALL_FAULTS = ("none", "429 retry-after", "429", "500", "401", "404", "connect error", "answer lost", "422",
+               "answer unreadable")
+BASE_FAULTS = CALL_FAULTS[:-2]
 
 # The stock seed's recipient rules, and one more for the simulation: a number neither channel
 # reaches (a landline: the platform and the SMS provider both report it failed), so that a
@@ -173,6 +176,9 @@ class SimWorkspace(httpx.BaseTransport):
             return httpx.Response(404, json={"error": "Resource could not be found"}, request=request)
         if fault == "422":
             return httpx.Response(422, json={"error": "Too many messages"}, request=request)
+        if fault == "answer unreadable":  # a gateway's page in the workspace's place: nothing was done
+            return httpx.Response(200, headers={"content-type": "text/html"},
+                                  content=b"<html><body>Service temporarily unavailable</body></html>", request=request)
         status, headers, body = self.asgi(request.method, request.url.raw_path.decode(), request.content,
                                           dict(request.headers))
         if fault == "answer lost":  # the workspace did it; the answer never comes back

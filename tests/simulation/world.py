@@ -58,7 +58,7 @@ from dispatcher.tracking.webhooks.deliveries import record_deliveries
 from dispatcher.tracking.webhooks.receiver import delivery_reader
 from tests.simulation.clock import SimClock, simulated_time
 from tests.simulation.stores import Reads
-from tests.simulation.workspace import CALL_FAULTS, REFUSAL_FAULTS, UNREACHABLE_PREFIX, SimWorkspace
+from tests.simulation.workspace import BASE_FAULTS, CALL_FAULTS, UNREACHABLE_PREFIX, SimWorkspace
 
 SEND, OUTCOME = "send", "outcome"
 OUTCOMES = "outcomes"  # several deliveries, the receiver's group commit (arg: a tuple of row IDs)
@@ -286,6 +286,7 @@ class WorldSpec:
     kinds: tuple[int, ...] = ()  # the notifications' kinds (see World._request); empty: chosen by the seed
     kind_count: int = 4  # how many kinds the seed chooses among (the first four: the worlds' regression seeds keep theirs)
     refusals: bool = False  # an API call may also be refused outright (422): attempts and fallbacks fail
+    unreadable_answers: bool = False  # an API call may also be answered 200 with a page no one can read, undone
     opt_out_each: bool = False  # every recipient may opt out (else one at most)
     opt_out_within_s: int = 120  # the opt-out comes this soon after the start (sooner: more of them come before a claim)
     crash_within_points: int = CRASH_POINTS_PER_RUN  # a run chosen to die dies at one of its first this many points,
@@ -672,9 +673,10 @@ class World:
         return value
 
     def _call_fault(self, operation: str) -> int:
-        kinds = len(CALL_FAULTS) - (0 if self.spec.refusals else REFUSAL_FAULTS)
+        kinds = (*BASE_FAULTS, *(("422",) if self.spec.refusals else ()),
+                 *(("answer unreadable",) if self.spec.unreadable_answers else ()))
         targeted = not self.spec.call_fault_operations or any(part in operation for part in self.spec.call_fault_operations)
-        value = self._fault(kinds) if self.spec.call_faults and targeted else 0
+        value = CALL_FAULTS.index(kinds[self._fault(len(kinds))]) if self.spec.call_faults and targeted else 0
         if self.outage is not None and self.outage.start <= self.clock.now < self.outage.end:
             value = self.outage.fault  # the workspace is away: every call meets it (no fault of the budget)
             self.last_fault_at = self.clock.now
