@@ -73,16 +73,11 @@ def _one_statement(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-def _both_or_neither(session: Session, taken: Any, move_notification: Any) -> Row[Any] | None:
-    """``WITH taken AS (<the attempt's guarded update> RETURNING ...), moved AS (<the notification's
-    guarded update, only when the attempt's won>) SELECT * FROM taken``: the attempt's row, or None
-    when its guard refused (and then the notification is left alone too). ``taken`` is the
-    attempt's update as a CTE."""
-    return session.execute(_both_or_neither_statement(taken, move_notification)).one_or_none()
-
-
 def _both_or_neither_statement(taken: Any, move_notification: Any) -> Any:
-    """:func:`_both_or_neither`'s statement, for a caller that builds it once."""
+    """``WITH taken AS (<the attempt's guarded update> RETURNING ...), moved AS (<the notification's
+    guarded update, only when the attempt's won>) SELECT * FROM taken``: the attempt's row, or no
+    row when its guard refused (and then the notification is left alone too). ``taken`` is the
+    attempt's update as a CTE; the caller builds the statement once."""
     moved = move_notification.where(exists(select(taken.c[0]))).cte("moved")
     return select(taken).add_cte(moved)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import REGISTRY
 
 from dispatcher.context import SendContext
 from dispatcher.enqueue import ListEnqueuer
@@ -149,6 +150,10 @@ def test_many_waiting_notifications_are_not_sent_after_a_stop(sandbox: SandboxPr
     assert states == {("failed", "opted_out")}
 
 
+def _platform_opt_outs() -> float:
+    return REGISTRY.get_sample_value("dispatcher_opt_outs_total", {"change": "opted_out", "source": "platform"}) or 0.0
+
+
 def test_21610_records_the_opt_out_and_neither_falls_back_nor_retries(sandbox: SandboxProcess,
                                                                        context: SendContext) -> None:
     phone = "+15550900004"
@@ -158,7 +163,9 @@ def test_21610_records_the_opt_out_and_neither_falls_back_nor_retries(sandbox: S
     sandbox.client.post("/_sandbox/opt-outs", json={"contact_id": contact_id, "sms_opted_out": True}).raise_for_status()
 
     assert _send(context, _sms("p21610-1", phone, fallback_route="portal")) is Outcome.ACCEPTED
+    recorded = _platform_opt_outs()
     assert _provider_failure(sandbox, context, "p21610-1", code="21610") == "no_fallback"
+    assert _platform_opt_outs() == recorded + 1  # counted as the provider's, once
     record = intake.status(context.sessions, "p21610-1")
     assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "opted_out", "none")
     assert context.enqueuer.sent == []  # type: ignore[attr-defined]  # no fallback queued

@@ -30,7 +30,7 @@ from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations import set_aside
 from dispatcher.operations.cli import exits
 from dispatcher.operations.cli.main import cli
-from dispatcher.sending.send import Outcome, SendResult, send_notification
+from dispatcher.sending.send import Outcome, SendResult, send_notification, set_aside_unconfigured
 from dispatcher.store import queries as store
 from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, utcnow
@@ -126,6 +126,24 @@ def test_a_task_delivered_ten_times_spends_no_provider_try_and_sends_one_message
     # (no run reads the count again); the twins that waited and the duplicates gave theirs back
     assert attempt.runs == 5
     assert intake.status(context.sessions, "evt-ten").fallback_decision is None
+
+
+def test_a_notification_whose_workspace_left_the_configuration_is_set_aside_saying_which(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a notification handed over for a workspace that the configuration no longer names
+    notification_id = _accept(context, "evt-gone", "+15550300072")
+    # When its send task finds no workspace to send it with (workers/tasks.py asks this)
+    result = set_aside_unconfigured(notification_id, "clinic-north", context)
+    # Then it is set aside with why, nothing is sent, and the sweep leaves it until an operator's retry
+    assert result.outcome is Outcome.SET_ASIDE
+    record = intake.status(context.sessions, "evt-gone")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("queued", moves.WORKSPACE_UNCONFIGURED, None)
+    assert record.error_detail is not None and "'clinic-north' is not configured" in record.error_detail
+    assert _create_calls(sandbox) == 0
+    with context.sessions.begin() as session:
+        later = utcnow() + timedelta(days=1)
+        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
+            session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
 
 
 def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retry_sends_it_once(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from prometheus_client import REGISTRY
 
 from dispatcher import faults
 from dispatcher.api import NotFound, Unauthorized
@@ -28,6 +29,7 @@ from dispatcher.lifecycle.states import AttemptState
 from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations.cli.main import cli
 from dispatcher.policy.channels import window_open
+from dispatcher.queues import DEFAULT_WORKSPACE_NAME, Priority, send_queue
 from dispatcher.recipients.keywords import normalise
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
@@ -111,7 +113,8 @@ def _updated(message_id: int, status: str | None, external_error: str | None = N
     return EventSummary(event="message_updated", message_id=message_id, status=status, external_error=external_error)
 
 
-def test_outcomes_move_forward_only_and_apply_once(context: SendContext, enqueuer: ListEnqueuer) -> None:
+def test_outcomes_move_forward_only_and_apply_once(context: SendContext, sandbox: SandboxProcess,
+                                                   enqueuer: ListEnqueuer) -> None:
     notification_id = _send(context, reminder("trk-1", identifier="trk-p1", phone="+15550400001"))
     record = intake.status(context.sessions, "trk-1")
     message_id = record.message_id
@@ -122,6 +125,9 @@ def test_outcomes_move_forward_only_and_apply_once(context: SendContext, enqueue
     assert intake.status(context.sessions, "trk-1").state == "delivered"
     assert apply_event(_updated(message_id, "read"), context, enqueuer) == "applied_read"
     assert apply_event(_updated(message_id, "failed", "131026: x"), context, enqueuer) == "stale"  # after read
+    listed = _listed(sandbox)
+    assert apply_event(_updated(message_id, None), context, enqueuer) == "settled"  # no status, nothing after read
+    assert _listed(sandbox) == listed
     final = intake.status(context.sessions, "trk-1")
     assert final.state == "read"
     assert final.fallback_decision is None
@@ -137,11 +143,14 @@ def test_undeliverable_falls_back_exactly_once(context: SendContext, sandbox: Sa
     assert message_id is not None
     failed = _sandbox_status(sandbox, message_id, {"failed"})
     event = _updated(message_id, "failed", failed["external_error"])
+    decided = _decisions()
     # When the failure arrives, again and again
     outcomes = [apply_event(event, context, enqueuer) for _ in range(5)]
-    # Then one decision: fall back, once; the copies change nothing
+    # Then one decision: fall back, once; the copies change nothing, and it is counted once, as a fallback
     assert outcomes[0] == "fallback"
     assert set(outcomes[1:]) == {"duplicate_status"}
+    assert _decisions() == {"fallback": decided["fallback"] + 1, "none": decided["none"]}
+    assert enqueuer.queues == {notification_id: send_queue(DEFAULT_WORKSPACE_NAME, Priority.NORMAL)}  # its own lane
     record = intake.status(context.sessions, "trk-fail")
     assert record.fallback_decision == "fallback"
     assert record.fallback_reason == "undeliverable (131026)"
@@ -173,7 +182,9 @@ def test_template_mismatch_is_recorded_as_no_fallback(
         assert message_id is not None
         failed = _sandbox_status(sandbox, message_id, {"failed"})
         assert failed["external_error"].startswith("132000")
+        decided = _decisions()
         assert apply_event(_updated(message_id, "failed", failed["external_error"]), ctx, enqueuer) == "no_fallback"
+        assert _decisions() == {"fallback": decided["fallback"], "none": decided["none"] + 1}
         record = intake.status(ctx.sessions, "trk-tpl")
         assert record.state == "failed"
         assert record.fallback_decision == "none"
@@ -218,6 +229,7 @@ def test_a_message_s_first_status_less_update_is_read_at_once_and_the_next_one_w
     with pytest.raises(Wait) as waited:
         apply_event(_update(message_id, "d-2"), context, enqueuer, received_at=context.clock())
     assert 0 < waited.value.delay_s <= context.settings.status_read_wait_s
+    assert waited.value.reason  # the wait says why, where the delivery's retry shows it
     assert _listed(sandbox) == before + 1
 
 
@@ -265,6 +277,36 @@ def test_a_delivery_told_to_wait_gives_its_try_back_and_is_never_set_aside_for_w
         delivery = session.get(WebhookDelivery, row)
         assert delivery is not None
         assert (delivery.tries, delivery.processed_at, delivery.outcome) == (0, None, None)
+
+
+def test_a_read_begun_the_moment_a_report_arrived_answers_it_without_a_wait(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    _send(context, reminder("trk-same-moment", identifier="trk-p37", phone="+15550200037"))
+    message_id = intake.status(context.sessions, "trk-same-moment").message_id
+    assert message_id is not None
+    received = context.clock()
+    with context.sessions.begin() as session:  # a read begun at the very moment the report was received
+        store.note_read(session, context.settings.workspace_name, [message_id], at=received)
+    listed = _listed(sandbox)
+    assert apply_event(_update(message_id, "s-1"), context, enqueuer, received_at=received) == "known_from_read"
+    assert _listed(sandbox) == listed  # neither a read nor a wait: that read told what it announces
+
+
+def test_a_report_the_store_missed_is_read_back_by_its_message_and_nothing_else_is(
+    context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
+) -> None:
+    # the receiver could not record the report (the store was away) and queued a read-back of its message
+    _send(context, reminder("trk-missed", identifier="trk-p38", phone="+15550400038"))
+    message_id = intake.status(context.sessions, "trk-missed").message_id
+    assert message_id is not None
+    _sandbox_status(sandbox, message_id, {"read"})
+    assert outcomes.read_back_message(message_id, context, enqueuer) == "applied_read"
+    assert intake.status(context.sessions, "trk-missed").state == "read"
+    listed = _listed(sandbox)
+    assert outcomes.read_back_message(987_654, context, enqueuer) == "ignored_not_ours"  # no attempt names it
+    assert outcomes.reconcile_attempt(987_654, context, enqueuer) == "ignored"  # no such attempt
+    assert _listed(sandbox) == listed  # neither cost a read
 
 
 def test_two_distinct_updates_without_a_failure_are_taken_for_delivery_though_the_workspace_says_sent(
@@ -865,6 +907,12 @@ def test_131047_on_free_text_resends_the_template_once_on_the_same_route(
             ended = intake.status(ctx.sessions, "trk-w-1")
             assert (ended.state, ended.error_kind) == ("failed", "external_error")
             assert len([m for m in platform.messages() if m["conversation_id"] == resent["conversation_id"]]) == 3
+
+
+def _decisions() -> dict[str, float]:
+    """This process's ``dispatcher_fallback_decisions_total``, by decision."""
+    return {decision: REGISTRY.get_sample_value("dispatcher_fallback_decisions_total", {"decision": decision}) or 0.0
+            for decision in ("fallback", "none")}
 
 
 def _listed(sandbox: SandboxProcess) -> int:
