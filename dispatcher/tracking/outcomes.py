@@ -240,13 +240,15 @@ def read_outcomes(ctx: SendContext, *, conversation_id: int | None, message_id: 
     return read_page(ctx, conversation_id=conversation_id, message_id=message_id)[0]
 
 
-def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int) -> tuple[dict[int, Outcome], set[int]]:
-    """:func:`read_outcomes`, and the IDs of every message the read listed."""
+def read_page(ctx: SendContext, *, conversation_id: int | None, message_id: int,
+              past_latest: bool = False) -> tuple[dict[int, Outcome], set[int]]:
+    """:func:`read_outcomes`, and the IDs of every message the read listed. ``past_latest``: the
+    caller has just read the latest page without the message, so only the page ending with it is read."""
     if conversation_id is None:
         return {}, set()
     began = ctx.clock()
-    page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id), READS_BUCKET)
-    if all(message.id != message_id for message in page.messages):
+    page = None if past_latest else call_api(ctx, lambda: ctx.api.list_messages(conversation_id), READS_BUCKET)
+    if page is None or all(message.id != message_id for message in page.messages):
         page = call_api(ctx, lambda: ctx.api.list_messages(conversation_id, before=message_id + 1), READS_BUCKET)
     listed = {message.id: message for message in page.messages}
     with ctx.sessions.begin() as session:
@@ -592,7 +594,7 @@ def reconcile_due(reads: list[worklists.DueRead], ctx: SendContext, enqueuer: En
             for read in group:
                 outcome, failed = found.get(read.message_id), unreadable
                 if not unreadable and read.message_id not in listed:  # older than the page: its own read
-                    mine, _, failed = _read_for(ctx, conversation_id, read.message_id)
+                    mine, _, failed = _read_for(ctx, conversation_id, read.message_id, past_latest=True)
                     outcome = mine.get(read.message_id)
                 result = _after_read(read, outcome, ctx, enqueuer, unreadable=failed)
                 done.add(read.attempt_id)
@@ -606,11 +608,12 @@ def reconcile_due(reads: list[worklists.DueRead], ctx: SendContext, enqueuer: En
     return results
 
 
-def _read_for(ctx: SendContext, conversation_id: int | None, message_id: int) -> tuple[dict[int, Outcome], set[int], bool]:
+def _read_for(ctx: SendContext, conversation_id: int | None, message_id: int, *,
+              past_latest: bool = False) -> tuple[dict[int, Outcome], set[int], bool]:
     """A read of the conversation's page holding ``message_id``; a read that fails is logged and
     answers nothing (the attempt's next read is scheduled as after any read)."""
     try:
-        found, listed = read_page(ctx, conversation_id=conversation_id, message_id=message_id)
+        found, listed = read_page(ctx, conversation_id=conversation_id, message_id=message_id, past_latest=past_latest)
     except ApiError as error:
         log.warning("reconciling conversation %s: %s", conversation_id, type(error).__name__)
         return {}, set(), True

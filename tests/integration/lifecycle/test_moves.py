@@ -554,3 +554,23 @@ def test_end_failed_only_after_a_fallback_and_with_why(sessions: sessionmaker[Se
     with sessions.begin() as session:
         assert not moves.end_failed(session, notification_id=read, error_kind="x", detail=None, now=NOW)
     assert states(sessions, read) == (N.READ, [A.READ])
+
+
+def test_a_host_s_retry_queues_a_failed_notification_again_on_its_route_s_channel(sessions: sessionmaker[Session]) -> None:
+    # a notification that failed on its SMS fallback, retried by its host on the platform route
+    notification_id, _ = put(sessions, N.FAILED, A.FAILED, A.FAILED, fallback_decision="fallback")
+    with sessions.begin() as session:
+        session.execute(update(Notification).where(Notification.id == notification_id)
+                        .values(channel="sms", error_kind="external_error", error_detail="30003: unreachable"))
+        assert moves.retry_failed(session, notification_id=notification_id, route="reminders",
+                                  channel="messaging_platform", now=NOW + timedelta(hours=1))
+        assert not moves.retry_failed(session, notification_id=notification_id, route="reminders",  # queued now
+                                      channel="messaging_platform", now=NOW + timedelta(hours=1))
+    retried = notification_of(sessions, notification_id)
+    assert (retried.state, retried.current_attempt, retried.channel) == (N.QUEUED, 3, "messaging_platform")
+    assert (retried.error_kind, retried.error_detail, retried.fallback_decision) == (None, None, "fallback")
+    assert retried.send_at is not None and retried.send_at.replace(tzinfo=UTC) == NOW + timedelta(hours=1)
+    assert states(sessions, notification_id) == (N.QUEUED, [A.FAILED, A.FAILED, A.QUEUED])
+    with sessions() as session:
+        third = session.scalars(select(Attempt).where(Attempt.notification_id == notification_id, Attempt.number == 3)).one()
+        assert (third.purpose, third.route, third.channel) == ("retry", "reminders", "messaging_platform")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 from prometheus_client import REGISTRY
 
@@ -26,6 +27,7 @@ from dispatcher.recipients.controls import Recipients
 from dispatcher.recipients.keywords import vocabulary
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
+from dispatcher.store.models import Suppression
 from dispatcher.tracking.outcomes import apply_event
 from dispatcher.tracking.webhooks.events import EventSummary, summarize
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
@@ -124,6 +126,20 @@ def test_stop_on_sms_stops_sms_but_not_whatsapp_and_start_lifts_it(sandbox: Sand
 
     assert _reply(sandbox, context, contact_id=contact_id, inbox_id=SMS_INBOX, text="START") == "opted_in"
     assert _send(context, _sms("stop-4", phone)) is Outcome.ACCEPTED
+
+
+def test_a_stop_from_a_sender_we_cannot_name_is_counted_and_suppresses_no_one(context: SendContext) -> None:
+    # a STOP on the SMS inbox from a contact no send of ours ever reached, with no phone number
+    payload = {"event": "message_created", "id": 7001, "message_type": "incoming", "content": "STOP",
+               "inbox": {"id": SMS_INBOX}, "conversation": {"id": 7001}, "sender": {"id": 987_654, "phone_number": None}}
+    summary = summarize(payload, reply_words=vocabulary(context.settings.routes.values()),
+                        hashing_key=context.settings.hashing_key)
+    assert summary is not None
+    unmatched = REGISTRY.get_sample_value("dispatcher_opt_outs_total", {"change": "unmatched", "source": "keyword"}) or 0.0
+    assert apply_event(summary, context, context.enqueuer) == "ignored_reply_unknown_sender"
+    assert REGISTRY.get_sample_value("dispatcher_opt_outs_total", {"change": "unmatched", "source": "keyword"}) == unmatched + 1
+    with context.sessions() as session:
+        assert session.scalars(sa.select(Suppression)).all() == []
 
 
 def test_a_sentence_with_stop_in_it_is_not_an_opt_out(sandbox: SandboxProcess, context: SendContext) -> None:

@@ -6,6 +6,7 @@ the sandbox, in the conversation of its contact and inbox, and the store says so
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
 from dispatcher.lifecycle import moves
 from dispatcher.lifecycle.states import AttemptState
+from dispatcher.policy.breaker import Pause
+from dispatcher.sending import record
 from dispatcher.sending.send import Outcome, send_notification
 from dispatcher.store import queries as store
 from dispatcher.store.account import Account
@@ -181,6 +184,51 @@ def test_a_wait_past_the_send_deadline_fails_the_notification_without_a_fallback
     record = intake.status(context.sessions, "evt-wait-late")
     assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "send_deadline", "none")
     assert record.error_detail is not None and "past the send deadline" in record.error_detail
+    assert _calls(sandbox).get("createMessage", 0) == 0
+
+
+def test_a_route_s_own_cap_holds_back_its_sends_past_the_cap(
+    sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch
+) -> None:
+    # Given two SMS notifications handed over, then the SMS route capped at one message a minute
+    # (intake counts only hand-overs: the send path's own bucket holds the cap also for what intake
+    # did not count, a fallback onto the route or a cap set since)
+    sandbox.reset()
+    database_url = f"sqlite:///{tmp_path}/cap.sqlite"
+    with send_context(example_settings(api_url=sandbox.base_url, database_url=database_url)) as ctx:
+        sms = [_accept(ctx, {"event_id": f"evt-cap-{n}", "route": "sms", "content": "Your appointment is tomorrow",
+                             "contact": {"identifier": f"pat-cap-{n}", "phone_number": f"+1555030006{n}"}})
+               for n in (1, 2)]
+    routes = example_settings(api_url="http://x").model_dump()["routes"]
+    routes["sms"]["max_per_minute"] = 1
+    with send_context(example_settings(api_url=sandbox.base_url, database_url=database_url, routes=routes)) as ctx:
+        # When both are sent within the minute
+        first, second = (send_notification(notification_id, ctx) for notification_id in sms)
+    # Then the first goes out and the second waits for the route's cap, not calling createMessage
+    assert first.outcome is Outcome.ACCEPTED
+    assert second.outcome is Outcome.RETRY and second.delay_s is not None and second.delay_s > 0
+    assert _calls(sandbox).get("createMessage", 0) == 1
+
+
+def test_a_workspace_away_holds_a_notification_until_its_send_deadline_then_fails_it_saying_why(
+    context: SendContext, sandbox: SandboxProcess
+) -> None:
+    # Given a reminder, and a workspace that refuses our token (every worker paused, docs/sending.md)
+    notification_id = _accept(context, reminder("evt-away", identifier="pat-away", phone="+15550300054"))
+    pause = Pause(reason="auth", detail="the workspace refused the API token (401)", until=time.time() + 60)
+    # When a run meets the pause within the send deadline: the notification waits, saying why
+    waiting = record.wait_for_workspace(notification_id, None, pause, context)
+    assert (waiting.outcome, waiting.paused) == (Outcome.RETRY, True)
+    record_now = intake.status(context.sessions, "evt-away")
+    assert (record_now.state, record_now.error_kind) == ("queued", "auth")
+    # And when a run meets it past the deadline: it fails with the pause's reason, and no route sends it
+    real_clock = context.clock
+    context.clock = lambda: real_clock() + timedelta(seconds=context.settings.send_deadline_s + 60)
+    failed = record.wait_for_workspace(notification_id, None, pause, context)
+    assert failed.outcome is Outcome.FAILED
+    final = intake.status(context.sessions, "evt-away")
+    assert (final.state, final.error_kind, final.fallback_decision) == ("failed", "auth", "none")
+    assert final.error_detail is not None and "past the send deadline: the workspace refused" in final.error_detail
     assert _calls(sandbox).get("createMessage", 0) == 0
 
 

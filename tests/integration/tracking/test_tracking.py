@@ -24,7 +24,7 @@ from dispatcher.context import SendContext, Wait
 from dispatcher.enqueue import ListEnqueuer
 from dispatcher.intake import accept as intake
 from dispatcher.intake.request import parse_request
-from dispatcher.lifecycle import moves
+from dispatcher.lifecycle import moves, worklists
 from dispatcher.lifecycle.states import AttemptState
 from dispatcher.metrics import NotificationStates, render
 from dispatcher.operations.cli.main import cli
@@ -151,6 +151,10 @@ def test_undeliverable_falls_back_exactly_once(context: SendContext, sandbox: Sa
     assert set(outcomes[1:]) == {"duplicate_status"}
     assert _decisions() == {"fallback": decided["fallback"] + 1, "none": decided["none"]}
     assert enqueuer.queues == {notification_id: send_queue(DEFAULT_WORKSPACE_NAME, Priority.NORMAL)}  # its own lane
+    with context.sessions.begin() as session:  # marked published with the decision: no sweep publishes it again
+        now = context.clock()
+        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
+            session, now=now, stale_before=now - timedelta(minutes=5), limit=100, send_queue_empty=True)]
     record = intake.status(context.sessions, "trk-fail")
     assert record.fallback_decision == "fallback"
     assert record.fallback_reason == "undeliverable (131026)"
@@ -641,6 +645,39 @@ def test_a_failure_whose_consumer_died_before_deciding_is_decided_by_its_redeliv
     assert apply_event(event, context, enqueuer) == "duplicate_status"  # nothing is owed any more
 
 
+def test_a_run_that_finds_its_decision_owed_makes_that_one_and_no_other(
+        context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer) -> None:
+    class Killed(BaseException):
+        """The consumer's process died here: no code of ours catches a BaseException."""
+
+    # Given two notifications whose failures were recorded by consumers that died before deciding
+    owed = {}
+    for n in (1, 2):
+        event_id = f"trk-owed-{n}"
+        owed[event_id] = _send(context, reminder(event_id, identifier=f"trk-p4{n}", phone=f"+155501070{40 + n}"))
+        message_id = intake.status(context.sessions, event_id).message_id
+        assert message_id is not None
+        failed = _sandbox_status(sandbox, message_id, {"failed"})
+
+        def dies_once_the_failure_is_committed(point: str, in_transaction: bool, event_id: str = event_id) -> None:
+            if point == "after commit" and intake.status(context.sessions, event_id).attempts[0].state == "failed":
+                raise Killed(point)
+
+        previous = faults.install(dies_once_the_failure_is_committed)
+        try:
+            with pytest.raises(Killed):
+                apply_event(_updated(message_id, "failed", failed["external_error"]), context, enqueuer)
+        finally:
+            faults.install(previous)
+    # When the second one's run makes its owed decision
+    assert outcomes.finish_owed_decision(owed["trk-owed-2"], context, enqueuer) == "fallback"
+    # Then that notification is decided and its fallback published; the first is left to its own repair
+    assert intake.status(context.sessions, "trk-owed-2").fallback_decision == "fallback"
+    assert intake.status(context.sessions, "trk-owed-1").fallback_decision is None
+    assert enqueuer.sent == [owed["trk-owed-2"]]
+    assert outcomes.finish_owed_decision(owed["trk-owed-2"], context, enqueuer) is None  # nothing owed any more
+
+
 def test_a_failure_recorded_while_the_deadline_reads_back_decides_with_its_own_reason(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
@@ -934,6 +971,32 @@ def test_reconciliation_reads_a_conversation_once_for_all_its_due_attempts(
         report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
         assert report.reconciled == {"applied_read": 3}
         assert _listed(sandbox) - before == 1
+
+
+def test_reconciliation_reads_an_attempt_older_than_its_conversation_s_latest_page_on_its_own(
+    sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
+) -> None:
+    for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
+        # two reminders to one patient with 20 of the patient's messages between them: the latest
+        # page of the conversation (20 messages) no longer lists the first reminder
+        _send(ctx, reminder("trk-old-page-1", identifier="trk-p45", phone="+15550400045"))
+        first = intake.status(ctx.sessions, "trk-old-page-1").message_id
+        assert first is not None
+        conversation_id = next(m for m in sandbox.messages() if m["id"] == first)["conversation_id"]
+        for number in range(20):
+            sandbox.incoming(conversation_id=conversation_id, content=f"message {number}")
+        _send(ctx, reminder("trk-old-page-2", identifier="trk-p45", phone="+15550400045"))
+        second = intake.status(ctx.sessions, "trk-old-page-2").message_id
+        assert second is not None
+        for message_id in (first, second):
+            _sandbox_status(sandbox, message_id, {"read"})
+        time.sleep(0.05)
+        before = _listed(sandbox)
+        # the sweep reads the latest page for both, then only the page ending with the first reminder
+        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        assert report.reconciled == {"applied_read": 2}
+        assert _listed(sandbox) - before == 2
+        assert [intake.status(ctx.sessions, f"trk-old-page-{n}").state for n in (1, 2)] == ["read", "read"]
 
 
 def test_two_sweeps_at_once_read_each_attempt_back_once(
