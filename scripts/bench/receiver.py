@@ -1,7 +1,7 @@
 """Verified webhook deliveries a second: the receiver against a bare Starlette endpoint.
 
-Both servers run the same way, one after the other in the same run: one uvicorn process
-(``--loop asyncio --http h11 --no-access-log --log-level warning``) on a free loopback port. The
+Both servers run the same way, one after the other in the same run: one uvicorn process (``--workers N``:
+N worker processes) (``--loop asyncio --http h11 --no-access-log --log-level warning``) on a free loopback port. The
 bare app answers 200 to the POST and does nothing else. The receiver verifies the signature,
 parses and summarises the JSON, inserts the delivery (SQLite file or a fresh PostgreSQL
 database) and publishes the row ID to a real Redis broker with Celery's producer.
@@ -168,13 +168,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(app: str, env: dict[str, str], log: Path) -> Iterator[int]:
+def server(app: str, env: dict[str, str], log: Path, workers: int = 1) -> Iterator[int]:
     import httpx
 
     port = free_port()
+    # uvicorn's --workers: a parent process and ``workers`` children on the one port (each its own
+    # event loop, pool and broker connection), as a deployment scales one machine's receiver.
+    scaling = ["--workers", str(workers)] if workers > 1 else []
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", app, "--host", "127.0.0.1",
-                                 "--port", str(port), *UVICORN], cwd=REPO, env=env, stdout=out,
+                                 "--port", str(port), *UVICORN, *scaling], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -250,12 +253,13 @@ def _run_store(kind: str, args: argparse.Namespace, workdir: Path, broker_url: s
                "DISPATCHER_API_TOKEN": "bench-token", "DISPATCHER_DATABASE_URL": database_url,
                "DISPATCHER_BROKER_URL": broker_url, "DISPATCHER_WEBHOOK_SECRETS": SECRET}
         for _ in range(args.rounds):
-            with server("receiver:bare_app", base_env, workdir / "bare.log") as port:
+            with server("receiver:bare_app", base_env, workdir / "bare.log", args.workers) as port:
                 bare = drive_load(port, signed_requests(args.requests, port), processes=args.processes,
                                   connections=args.connections, max_seconds=args.max_seconds)
             broker.flushdb()
             rows_before = count_rows(database_url)
-            with server("dispatcher.tracking.webhooks.receiver:app_from_environment", env, workdir / "receiver.log") as port:
+            with server("dispatcher.tracking.webhooks.receiver:app_from_environment", env, workdir / "receiver.log",
+                        args.workers) as port:
                 ours = drive_load(port, signed_requests(args.requests, port), processes=args.processes,
                                   connections=args.connections, max_seconds=args.max_seconds)
             rows, (queued, in_tasks) = count_rows(database_url) - rows_before, _queued_deliveries(broker)
@@ -293,13 +297,15 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=1, help="load-generating processes")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections per load process")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="hard limit of each load phase")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="uvicorn worker processes of each server, the bare endpoint's and the receiver's alike")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-receiver-") as tmp:
         results = [run_store(kind, args, Path(tmp)) for kind in (args.store or ["sqlite"])]
     print(json.dumps({
         "benchmark": "webhook receiver vs bare Starlette endpoint",
         "requests": args.requests, "processes": args.processes, "connections_per_process": args.connections,
-        "server": "uvicorn, 1 process, " + " ".join(UVICORN),
+        "server": f"uvicorn, {args.workers} worker process(es), " + " ".join(UVICORN),
         "results": results, "target_ratio": 0.5,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }, indent=2))
