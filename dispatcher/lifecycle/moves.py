@@ -531,13 +531,15 @@ CRASH_LOOP = "crash_loop"  # the error_kind of a notification set aside because 
 
 
 WORKSPACE_UNCONFIGURED = "workspace_unconfigured"  # its workspace left the configuration: nothing to send it with
-SET_ASIDE_KINDS = frozenset({CRASH_LOOP, WORKSPACE_UNCONFIGURED})  # the sweep leaves these until an operator retries
+ROUTE_UNCONFIGURED = "route_unconfigured"  # its current attempt's route left the configuration: no inbox to send on
+# The sweep leaves these until an operator retries
+SET_ASIDE_KINDS = frozenset({CRASH_LOOP, WORKSPACE_UNCONFIGURED, ROUTE_UNCONFIGURED})
 
 
 def set_aside(session: Session, *, notification_id: int, detail: str, now: datetime,
               error_kind: str = CRASH_LOOP) -> bool:
     """The send task died too often on the current attempt (``crash_loop``), or the notification's
-    workspace is no longer configured: keep the notification as it is (its attempt may be in
+    workspace or its current attempt's route is no longer configured: keep the notification as it is (its attempt may be in
     flight; nothing is failed, nothing falls back), marked with why, so the sweep leaves it until
     an operator retries it (:func:`retry_set_aside`)."""
     assert error_kind in SET_ASIDE_KINDS

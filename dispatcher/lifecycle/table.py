@@ -121,8 +121,9 @@ MOVES: dict[str, Move] = {
              attempt=kept(SENDABLE_ATTEMPT_STATES, "never past retry_max_tries")),
         Move("end_run", "a run ended without dying, whatever it did: its run is not counted as a crash",
              attempt=kept(SENDABLE_ATTEMPT_STATES, "never below zero")),
-        Move("set_aside", "the send task died send_max_runs times on the attempt (crash_loop), or its workspace is no "
-             "longer configured: set aside, visibly, until an operator retries it; nothing is sent or decided meanwhile",
+        Move("set_aside", "the send task died send_max_runs times on the attempt (crash_loop), or its workspace or its "
+             "attempt's route is no longer configured: set aside, visibly, until an operator retries it; nothing is sent "
+             "or decided meanwhile",
              notification=kept(SENDABLE_NOTIFICATION_STATES, "the sweep publishes it no more")),
         Move("retry_set_aside", "an operator retries a notification set aside: its runs count from zero again",
              notification=kept(SENDABLE_NOTIFICATION_STATES, "only one set aside"),

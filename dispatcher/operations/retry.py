@@ -1,7 +1,7 @@
 """``retry``: run a notification again. Two cases, one command:
 
-* set aside as ``crash_loop`` (its send task kept dying) or ``workspace_unconfigured``: it runs
-  again from where it was
+* set aside as ``crash_loop`` (its send task kept dying), ``workspace_unconfigured`` or
+  ``route_unconfigured`` (its workspace or route left the configuration): it runs again from where it was
   (:mod:`dispatcher.operations.set_aside`);
 * ``failed``: one new attempt on the notification's own route, same event, counted in its record
   (the ``retry_failed`` move). Its fallback decision stays made: a retry that fails too ends the
@@ -47,7 +47,7 @@ def retry(sessions: sessionmaker[Session], settings: Settings, enqueuer: Enqueue
         return set_aside.retry(sessions, event_id)
     if state != NotificationState.FAILED:
         raise StateConflict(f"notification {event_id!r} is {state}; only a failed one, or one set aside "
-                            "(crash_loop or workspace_unconfigured), is retried")
+                            "(crash_loop, workspace_unconfigured or route_unconfigured), is retried")
     chosen = settings.for_workspace(of_workspace) if of_workspace in settings.workspaces else settings
     return _retry_failed(sessions, chosen, enqueuer, event_id, request, now=clock())
 

@@ -1,5 +1,5 @@
-"""Notifications set aside because their send task kept dying (``crash_loop``) or their workspace left
-the configuration (``workspace_unconfigured``), and their retry.
+"""Notifications set aside because their send task kept dying (``crash_loop``) or their workspace or
+route left the configuration (``workspace_unconfigured``, ``route_unconfigured``), and their retry.
 
 A send task that died ``send_max_runs`` times on one attempt (a killed worker, a bug that kills
 its process) is not run again by the sweep: it would only die again, and every death may cost a
@@ -29,7 +29,7 @@ def retry(sessions: sessionmaker[Session], event_id: str) -> NotificationRecord:
             raise UnknownNotification(event_id)
         if not moves.retry_set_aside(session, notification_id=notification.id, now=utcnow()):
             raise StateConflict(f"notification {event_id!r} is not set aside (it is {notification.state}); "
-                                "only one set aside (crash_loop or workspace_unconfigured) is retried this way")
+                                "only one set aside (crash_loop, workspace_unconfigured or route_unconfigured) is retried this way")
     with sessions() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None  # found above; notifications are only deleted settled, by retention

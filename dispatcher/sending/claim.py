@@ -61,8 +61,9 @@ def claim(notification_id: int, ctx: SendContext) -> SendJob | SendResult | Owed
             return SendResult(Outcome.SKIPPED, f"notification is {notification.state}")
         number, route_name, purpose = current_attempt(notification)
         route = ctx.settings.routes.get(route_name)
-        if route is None:
-            return SendResult(Outcome.SKIPPED, f"route {route_name!r} is no longer configured")
+        if route is None:  # handed over for a route since removed: set aside, or the sweep would hand it over forever
+            with _writing(session, ctx, alone=alone) as writes:
+                return set_aside_unconfigured_route(writes, notification.id, route_name, now=now)
         if attempt is None:  # the load and the count disagree with the checks above: a bug, said plainly
             raise RuntimeError(f"notification {notification_id}: its run was not counted although it is to be sent")
         if attempt.state == AttemptState.FAILED:
@@ -244,6 +245,19 @@ def set_aside_unconfigured(notification_id: int, workspace: str, ctx: SendContex
                         error_kind=moves.WORKSPACE_UNCONFIGURED)
     log.error("notification %s set aside: %s", notification_id, moves.WORKSPACE_UNCONFIGURED)
     return SendResult(Outcome.SET_ASIDE, f"{moves.WORKSPACE_UNCONFIGURED}: {detail}")
+
+
+def set_aside_unconfigured_route(session: Session, notification_id: int, route_name: str, *,
+                                 now: datetime) -> SendResult:
+    """The current attempt's route is no longer configured: no inbox to send it on, and no other
+    route may stand in (the host chose this one). Set it aside, saying which, until the route is
+    configured again and an operator runs ``dispatcher retry``; nothing is failed, nothing falls back."""
+    detail = f"its route {route_name!r} is not configured; set aside until it is and `dispatcher retry`"
+    if not moves.set_aside(session, notification_id=notification_id, detail=detail, now=now,
+                           error_kind=moves.ROUTE_UNCONFIGURED):
+        return SendResult(Outcome.SKIPPED, "the notification moved on since this run read it")
+    log.error("notification %s set aside: %s", notification_id, moves.ROUTE_UNCONFIGURED)
+    return SendResult(Outcome.SET_ASIDE, f"{moves.ROUTE_UNCONFIGURED}: {detail}")
 
 
 def claim_resolved(job: SendJob, ctx: SendContext, target: Target, body: MessageBody) -> SendJob | SendResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -144,6 +145,36 @@ def test_a_notification_whose_workspace_left_the_configuration_is_set_aside_sayi
         later = utcnow() + timedelta(days=1)
         assert notification_id not in [row.id for row in worklists.due_for_enqueue(
             session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
+
+
+def test_a_notification_whose_route_left_the_configuration_is_set_aside_until_it_is_back_and_retried(
+        context: SendContext, sandbox: SandboxProcess) -> None:
+    # Given a notification handed over on the portal route, which a redeploy then removes
+    intake.accept(parse_request(reminder("evt-no-route", identifier="pat-no-route", phone="+15550300073", route="portal")),
+                  sessions=context.sessions, settings=context.settings, enqueuer=ListEnqueuer())
+    configured = context.settings.model_dump()
+    configured["routes"] = {name: route for name, route in configured["routes"].items() if name != "portal"}
+    without_portal = type(context.settings).model_validate(configured)
+    with context.sessions() as session:
+        found = store.find_notification_by_event(session, "evt-no-route")
+        assert found is not None
+        notification_id = found.id
+    # When its send task runs: set aside, saying which route, nothing sent, no fallback, and the sweep leaves it
+    # (before, the run was skipped and the sweep handed it over again every stale_after_s, for ever)
+    result = send_notification(notification_id, replace(context, settings=without_portal))
+    assert result.outcome is Outcome.SET_ASIDE
+    record = intake.status(context.sessions, "evt-no-route")
+    assert (record.state, record.error_kind, record.fallback_decision) == ("queued", moves.ROUTE_UNCONFIGURED, None)
+    assert record.error_detail is not None and "'portal' is not configured" in record.error_detail
+    assert _create_calls(sandbox) == 0
+    with context.sessions.begin() as session:
+        later = utcnow() + timedelta(days=1)
+        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
+            session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
+    # And once the route is configured again, an operator's retry sends it, once
+    set_aside.retry(context.sessions, "evt-no-route")
+    assert send_notification(notification_id, context).outcome is Outcome.ACCEPTED
+    assert _create_calls(sandbox) == 1
 
 
 def test_a_task_that_keeps_dying_is_set_aside_as_crash_loop_and_an_operator_retry_sends_it_once(
