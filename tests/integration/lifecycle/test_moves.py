@@ -561,7 +561,8 @@ def test_a_host_s_retry_queues_a_failed_notification_again_on_its_route_s_channe
     notification_id, _ = put(sessions, N.FAILED, A.FAILED, A.FAILED, fallback_decision="fallback")
     with sessions.begin() as session:
         session.execute(update(Notification).where(Notification.id == notification_id)
-                        .values(channel="sms", error_kind="external_error", error_detail="30003: unreachable"))
+                        .values(channel="sms", error_kind="external_error", error_detail="30003: unreachable",
+                                delivery_state="failed"))
         assert moves.retry_failed(session, notification_id=notification_id, route="reminders",
                                   channel="messaging_platform", now=NOW + timedelta(hours=1))
         assert not moves.retry_failed(session, notification_id=notification_id, route="reminders",  # queued now
@@ -569,8 +570,36 @@ def test_a_host_s_retry_queues_a_failed_notification_again_on_its_route_s_channe
     retried = notification_of(sessions, notification_id)
     assert (retried.state, retried.current_attempt, retried.channel) == (N.QUEUED, 3, "messaging_platform")
     assert (retried.error_kind, retried.error_detail, retried.fallback_decision) == (None, None, "fallback")
+    assert retried.delivery_state is None  # the failed attempt's outcome is not the retry's
     assert retried.send_at is not None and retried.send_at.replace(tzinfo=UTC) == NOW + timedelta(hours=1)
     assert states(sessions, notification_id) == (N.QUEUED, [A.FAILED, A.FAILED, A.QUEUED])
     with sessions() as session:
         third = session.scalars(select(Attempt).where(Attempt.notification_id == notification_id, Attempt.number == 3)).one()
         assert (third.purpose, third.route, third.channel) == ("retry", "reminders", "messaging_platform")
+
+
+def test_each_move_touches_its_own_notification_only(sessions: sessionmaker[Session]) -> None:
+    # two notifications alike: every move names one, and the other is left as it was
+    waiting, [waiting_attempt] = put(sessions, N.QUEUED, A.QUEUED)
+    bystander, _ = put(sessions, N.QUEUED, A.QUEUED)
+    aside, _ = put(sessions, N.QUEUED, A.QUEUED)
+    also_aside, _ = put(sessions, N.QUEUED, A.QUEUED)
+    with sessions.begin() as session:
+        moves.wait_for_workspace(session, notification_id=waiting, attempt_id=None, seen_claims=None,
+                                 reason="auth", detail="401", now=NOW)
+        for notification_id in (aside, also_aside):
+            assert moves.set_aside(session, notification_id=notification_id, detail="died 20 times", now=NOW)
+        assert moves.retry_set_aside(session, notification_id=aside, now=NOW)
+    assert (notification_of(sessions, waiting).error_kind, notification_of(sessions, bystander).error_kind) == ("auth", None)
+    assert (notification_of(sessions, aside).error_kind, notification_of(sessions, also_aside).error_kind) == (
+        None, moves.CRASH_LOOP)
+
+
+def test_an_opt_out_found_by_a_run_never_ends_a_notification_that_ended_meanwhile(sessions: sessionmaker[Session]) -> None:
+    # the run read a queued attempt; the host cancelled the notification since (its attempt is queued still)
+    notification_id, [attempt_id] = put(sessions, N.CANCELLED, A.QUEUED)
+    with sessions.begin() as session:
+        moves.end_opted_out(session, notification_id=notification_id, attempt_id=attempt_id, error_kind="opted_out",
+                            detail="the recipient opted out", now=NOW, seen_claims=0)
+    ended = notification_of(sessions, notification_id)
+    assert (ended.state, ended.error_kind, ended.fallback_decision) == (N.CANCELLED, None, None)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from dispatcher.context import READS_BUCKET, READS_PAUSE_FACTOR, SendContext
 from dispatcher.enqueue import ListEnqueuer
@@ -165,7 +166,7 @@ def test_a_look_that_fails_past_the_send_deadline_ends_as_outcome_unknown_withou
     assert result.outcome is Outcome.FAILED
     record = intake.status(context.sessions, "evt-look-late")
     assert (record.state, record.error_kind, record.fallback_decision) == ("failed", "outcome_unknown", "none")
-    assert record.error_detail is not None and "not sent again" in record.error_detail
+    assert record.error_detail is not None and "could not be read by the send deadline; not sent again" in record.error_detail
     assert _calls(sandbox)["createMessage"] == 1
 
 
@@ -208,6 +209,24 @@ def test_a_route_s_own_cap_holds_back_its_sends_past_the_cap(
     assert first.outcome is Outcome.ACCEPTED
     assert second.outcome is Outcome.RETRY and second.delay_s is not None and second.delay_s > 0
     assert _calls(sandbox).get("createMessage", 0) == 1
+
+
+def test_a_refused_token_pauses_the_workspace_once_counted_by_its_reason_and_the_notification_waits(
+    sandbox: SandboxProcess, tmp_path: Path, clean_environment: pytest.MonkeyPatch
+) -> None:
+    sandbox.reset()
+    settings = example_settings(api_url=sandbox.base_url, database_url=f"sqlite:///{tmp_path}/token.sqlite",
+                                api_token="a-token-the-workspace-never-issued-0123456789")
+    with send_context(settings) as ctx:
+        notification_id = _accept(ctx, reminder("evt-bad-token", identifier="pat-bad-token", phone="+15550300074"))
+        paused = REGISTRY.get_sample_value("dispatcher_workspace_pauses_total", {"reason": "auth"}) or 0.0
+        result = send_notification(notification_id, ctx)
+        again = send_notification(notification_id, ctx)  # the breaker is open: no call, no second pause
+        record_now = intake.status(ctx.sessions, "evt-bad-token")
+    assert (result.outcome, result.paused, again.outcome) == (Outcome.RETRY, True, Outcome.RETRY)
+    assert REGISTRY.get_sample_value("dispatcher_workspace_pauses_total", {"reason": "auth"}) == paused + 1
+    assert (record_now.state, record_now.error_kind) == ("queued", "auth")
+    assert _calls(sandbox).get("createMessage", 0) == 0
 
 
 def test_a_workspace_away_holds_a_notification_until_its_send_deadline_then_fails_it_saying_why(

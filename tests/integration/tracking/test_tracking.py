@@ -307,6 +307,13 @@ def test_a_report_the_store_missed_is_read_back_by_its_message_and_nothing_else_
     _sandbox_status(sandbox, message_id, {"read"})
     assert outcomes.read_back_message(message_id, context, enqueuer) == "applied_read"
     assert intake.status(context.sessions, "trk-missed").state == "read"
+    # one that failed: the read-back decides the fallback and publishes it, as its report would have
+    failing = _send(context, reminder("trk-missed-fail", identifier="trk-p39", phone="+15550107039"))
+    failed_id = intake.status(context.sessions, "trk-missed-fail").message_id
+    assert failed_id is not None
+    _sandbox_status(sandbox, failed_id, {"failed"})
+    assert outcomes.read_back_message(failed_id, context, enqueuer) == "fallback"
+    assert enqueuer.sent == [failing]
     listed = _listed(sandbox)
     assert outcomes.read_back_message(987_654, context, enqueuer) == "ignored_not_ours"  # no attempt names it
     assert outcomes.reconcile_attempt(987_654, context, enqueuer) == "ignored"  # no such attempt
