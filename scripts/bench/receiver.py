@@ -52,6 +52,13 @@ ADMIN_URL = os.environ.get("DISPATCHER_TEST_POSTGRES_URL", "postgresql+psycopg:/
 SECRET = "bench-secret-4e1f"
 PATH = "/webhooks/messaging"
 UVICORN = ["--loop", "asyncio", "--http", "h11", "--no-access-log", "--log-level", "warning"]
+SERVE_WORKERS = """
+import sys
+from dispatcher.operations.cli.serving import TcpListenerConfig, serve
+app, port, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+serve(TcpListenerConfig(app, factory=True, host="127.0.0.1", port=port, workers=workers, loop="asyncio",
+                        http="h11", access_log=False, log_level="warning"))
+"""
 
 
 def bare_app() -> Any:
@@ -172,12 +179,14 @@ def server(app: str, env: dict[str, str], log: Path, workers: int = 1) -> Iterat
     import httpx
 
     port = free_port()
-    # uvicorn's --workers: a parent process and ``workers`` children on the one port (each its own
-    # event loop, pool and broker connection), as a deployment scales one machine's receiver.
-    scaling = ["--workers", str(workers)] if workers > 1 else []
+    # Several workers: a parent process and ``workers`` children on one listener (each its own event
+    # loop, pool and broker connection), as `dispatcher receiver --workers N` runs them, through
+    # its listener (dispatcher/operations/cli/serving.py: uvicorn's own leaves Nagle's algorithm on).
+    command = [sys.executable, "-m", "uvicorn", "--factory", app, "--host", "127.0.0.1", "--port", str(port), *UVICORN]
+    if workers > 1:
+        command = [sys.executable, "-c", SERVE_WORKERS, app, str(port), str(workers)]
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", app, "--host", "127.0.0.1",
-                                 "--port", str(port), *UVICORN, *scaling], cwd=REPO, env=env, stdout=out,
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20

@@ -5,6 +5,7 @@ read, paging, and no request value (a phone number, a content) in any error."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,17 @@ def test_notify_priority_sets_the_lane_and_a_wrong_one_is_the_operators_typo(env
     assert json.loads(shown.output)["priority"] == "urgent"
     refused = run(["notify", "--priority", "asap", "--file", "-"], env, input=request.read_text())
     assert refused.exit_code == 2 and "asap" in refused.output  # click names the operator's own typo
+
+
+def test_a_receiver_whose_port_is_taken_says_so_in_one_line(env: dict[str, str]) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        for workers in ("1", "2"):
+            result = run(["receiver", "--port", str(port), "--workers", workers], env)
+            assert result.exit_code == exits.USAGE
+            assert f"cannot listen on http://127.0.0.1:{port}" in result.output and "Traceback" not in result.output
+    finally:
+        taken.close()

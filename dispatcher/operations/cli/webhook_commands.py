@@ -11,11 +11,11 @@ import json
 from typing import Any
 
 import click
-import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from dispatcher.api import ApiError, Rejected, WorkspaceClient
 from dispatcher.operations.cli import exits
+from dispatcher.operations.cli.serving import TcpListenerConfig, serve
 from dispatcher.settings import load_settings
 
 APP_FACTORY = "dispatcher.tracking.webhooks.receiver:app_from_environment"
@@ -53,9 +53,16 @@ def receiver_command(host: str, port: int, workers: int) -> None:
                + ("; HTTP intake at /v1/notifications" if settings.intake_tokens() else "")
                + "; /healthz, /readyz, /metrics", err=True)
     # limit_concurrency: past it uvicorn answers 503 at once; timeout_keep_alive closes idle connections.
-    uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, access_log=False,
-                log_level="warning", log_config=receiver_log_config(), server_header=False,
-                limit_concurrency=settings.receiver_max_connections, timeout_keep_alive=5)
+    config = TcpListenerConfig(APP_FACTORY, factory=True, host=host, port=port, workers=workers, access_log=False,
+                               log_level="warning", log_config=receiver_log_config(), server_header=False,
+                               limit_concurrency=settings.receiver_max_connections, timeout_keep_alive=5)
+    try:
+        started = serve(config)
+    except OSError as error:
+        click.echo(f"error: cannot listen on {where}: {error.strerror or type(error).__name__}", err=True)
+        raise SystemExit(exits.USAGE) from None  # --host or --port: taken, or not this machine's
+    if not started:
+        raise SystemExit(exits.CONFIGURATION)  # the app did not load: uvicorn said why
 
 
 @click.group("webhooks")
