@@ -45,9 +45,9 @@ class Killed(BaseException):
     """The process died at this point (a SIGKILL): no code of ours catches a BaseException."""
 
 
-def _accept(ctx: SendContext, event_id: str, phone: str) -> int:
-    intake.accept(parse_request(reminder(event_id, identifier=f"pat-{event_id}", phone=phone)), sessions=ctx.sessions,
-                  settings=ctx.settings, enqueuer=ListEnqueuer())
+def _accept(ctx: SendContext, event_id: str, phone: str, **changes: str) -> int:
+    intake.accept(parse_request(reminder(event_id, identifier=f"pat-{event_id}", phone=phone, **changes)),
+                  sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
     with ctx.sessions() as session:
         notification = store.find_notification_by_event(session, event_id)
         assert notification is not None
@@ -129,6 +129,21 @@ def test_a_task_delivered_ten_times_spends_no_provider_try_and_sends_one_message
     assert intake.status(context.sessions, "evt-ten").fallback_decision is None
 
 
+def _assert_set_aside(ctx: SendContext, sandbox: SandboxProcess, result: SendResult, notification_id: int, event_id: str,
+                      error_kind: str, said: str) -> None:
+    """Set aside with ``error_kind`` and a detail saying ``said``: nothing sent, no fallback, and
+    the sweep leaves it, however late, until an operator's retry."""
+    assert result.outcome is Outcome.SET_ASIDE
+    record = intake.status(ctx.sessions, event_id)
+    assert (record.state, record.error_kind, record.fallback_decision) == ("queued", error_kind, None)
+    assert record.error_detail is not None and said in record.error_detail
+    assert _create_calls(sandbox) == 0
+    with ctx.sessions.begin() as session:
+        later = utcnow() + timedelta(days=1)
+        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
+            session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
+
+
 def test_a_notification_whose_workspace_left_the_configuration_is_set_aside_saying_which(
         context: SendContext, sandbox: SandboxProcess) -> None:
     # Given a notification handed over for a workspace that the configuration no longer names
@@ -136,41 +151,21 @@ def test_a_notification_whose_workspace_left_the_configuration_is_set_aside_sayi
     # When its send task finds no workspace to send it with (workers/tasks.py asks this)
     result = set_aside_unconfigured(notification_id, "clinic-north", context)
     # Then it is set aside with why, nothing is sent, and the sweep leaves it until an operator's retry
-    assert result.outcome is Outcome.SET_ASIDE
-    record = intake.status(context.sessions, "evt-gone")
-    assert (record.state, record.error_kind, record.fallback_decision) == ("queued", moves.WORKSPACE_UNCONFIGURED, None)
-    assert record.error_detail is not None and "'clinic-north' is not configured" in record.error_detail
-    assert _create_calls(sandbox) == 0
-    with context.sessions.begin() as session:
-        later = utcnow() + timedelta(days=1)
-        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
-            session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
+    _assert_set_aside(context, sandbox, result, notification_id, "evt-gone", moves.WORKSPACE_UNCONFIGURED,
+                      "'clinic-north' is not configured")
 
 
 def test_a_notification_whose_route_left_the_configuration_is_set_aside_until_it_is_back_and_retried(
         context: SendContext, sandbox: SandboxProcess) -> None:
     # Given a notification handed over on the portal route, which a redeploy then removes
-    intake.accept(parse_request(reminder("evt-no-route", identifier="pat-no-route", phone="+15550300073", route="portal")),
-                  sessions=context.sessions, settings=context.settings, enqueuer=ListEnqueuer())
+    notification_id = _accept(context, "evt-no-route", "+15550300073", route="portal")
     configured = context.settings.model_dump()
     configured["routes"] = {name: route for name, route in configured["routes"].items() if name != "portal"}
     without_portal = type(context.settings).model_validate(configured)
-    with context.sessions() as session:
-        found = store.find_notification_by_event(session, "evt-no-route")
-        assert found is not None
-        notification_id = found.id
     # When its send task runs: set aside, saying which route, nothing sent, no fallback, and the sweep leaves it
     # (before, the run was skipped and the sweep handed it over again every stale_after_s, for ever)
     result = send_notification(notification_id, replace(context, settings=without_portal))
-    assert result.outcome is Outcome.SET_ASIDE
-    record = intake.status(context.sessions, "evt-no-route")
-    assert (record.state, record.error_kind, record.fallback_decision) == ("queued", moves.ROUTE_UNCONFIGURED, None)
-    assert record.error_detail is not None and "'portal' is not configured" in record.error_detail
-    assert _create_calls(sandbox) == 0
-    with context.sessions.begin() as session:
-        later = utcnow() + timedelta(days=1)
-        assert notification_id not in [row.id for row in worklists.due_for_enqueue(
-            session, now=later, stale_before=later, limit=100, send_queue_empty=True)]
+    _assert_set_aside(context, sandbox, result, notification_id, "evt-no-route", moves.ROUTE_UNCONFIGURED, "'portal' is not configured")
     # And once the route is configured again, an operator's retry sends it, once
     set_aside.retry(context.sessions, "evt-no-route")
     assert send_notification(notification_id, context).outcome is Outcome.ACCEPTED

@@ -99,6 +99,14 @@ def _send(ctx: SendContext, request: dict[str, Any]) -> int:
     return notification_id
 
 
+def _sent_message(ctx: SendContext, event_id: str, *, identifier: str, phone: str) -> int:
+    """Hand over and send a reminder; its message's ID."""
+    _send(ctx, reminder(event_id, identifier=identifier, phone=phone))
+    message_id = intake.status(ctx.sessions, event_id).message_id
+    assert message_id is not None
+    return message_id
+
+
 def _sandbox_status(sandbox: SandboxProcess, message_id: int, wanted: set[str]) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -286,9 +294,7 @@ def test_a_delivery_told_to_wait_gives_its_try_back_and_is_never_set_aside_for_w
 def test_a_read_begun_the_moment_a_report_arrived_answers_it_without_a_wait(
     context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
 ) -> None:
-    _send(context, reminder("trk-same-moment", identifier="trk-p37", phone="+15550200037"))
-    message_id = intake.status(context.sessions, "trk-same-moment").message_id
-    assert message_id is not None
+    message_id = _sent_message(context, "trk-same-moment", identifier="trk-p37", phone="+15550200037")
     received = context.clock()
     with context.sessions.begin() as session:  # a read begun at the very moment the report was received
         store.note_read(session, context.settings.workspace_name, [message_id], at=received)
@@ -301,9 +307,7 @@ def test_a_report_the_store_missed_is_read_back_by_its_message_and_nothing_else_
     context: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer
 ) -> None:
     # the receiver could not record the report (the store was away) and queued a read-back of its message
-    _send(context, reminder("trk-missed", identifier="trk-p38", phone="+15550400038"))
-    message_id = intake.status(context.sessions, "trk-missed").message_id
-    assert message_id is not None
+    message_id = _sent_message(context, "trk-missed", identifier="trk-p38", phone="+15550400038")
     _sandbox_status(sandbox, message_id, {"read"})
     assert outcomes.read_back_message(message_id, context, enqueuer) == "applied_read"
     assert intake.status(context.sessions, "trk-missed").state == "read"
@@ -963,21 +967,29 @@ def _listed(sandbox: SandboxProcess) -> int:
     return int(sandbox.stats()["calls"].get("listMessages", 0))
 
 
+def _sweep_once_read(ctx: SendContext, sandbox: SandboxProcess, enqueuer: ListEnqueuer,
+                     message_ids: list[int | None]) -> tuple[Any, int]:
+    """Once the workspace has every message read and each is due for its read-back, one tracking
+    sweep: its report, and the message lists it read."""
+    for message_id in message_ids:
+        assert message_id is not None
+        _sandbox_status(sandbox, message_id, {"read"})
+    time.sleep(0.05)  # past reconcile_after_s: each is due
+    before = _listed(sandbox)
+    report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+    return report, _listed(sandbox) - before
+
+
 def test_reconciliation_reads_a_conversation_once_for_all_its_due_attempts(
     sandbox: SandboxProcess, tmp_path: Path, enqueuer: ListEnqueuer, clean_environment: pytest.MonkeyPatch
 ) -> None:
     for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
         for number in range(3):  # three reminders to one patient: one conversation
             _send(ctx, reminder(f"trk-batch-{number}", identifier="trk-p40", phone="+15550400040"))
-        for number in range(3):
-            message_id = intake.status(ctx.sessions, f"trk-batch-{number}").message_id
-            assert message_id is not None
-            _sandbox_status(sandbox, message_id, {"read"})
-        time.sleep(0.05)
-        before = _listed(sandbox)
-        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        message_ids = [intake.status(ctx.sessions, f"trk-batch-{number}").message_id for number in range(3)]
+        report, reads = _sweep_once_read(ctx, sandbox, enqueuer, message_ids)
         assert report.reconciled == {"applied_read": 3}
-        assert _listed(sandbox) - before == 1
+        assert reads == 1
 
 
 def test_reconciliation_reads_an_attempt_older_than_its_conversation_s_latest_page_on_its_own(
@@ -986,23 +998,15 @@ def test_reconciliation_reads_an_attempt_older_than_its_conversation_s_latest_pa
     for ctx in _context(sandbox, tmp_path, enqueuer, reconcile_after_s=0.01):
         # two reminders to one patient with 20 of the patient's messages between them: the latest
         # page of the conversation (20 messages) no longer lists the first reminder
-        _send(ctx, reminder("trk-old-page-1", identifier="trk-p45", phone="+15550400045"))
-        first = intake.status(ctx.sessions, "trk-old-page-1").message_id
-        assert first is not None
+        first = _sent_message(ctx, "trk-old-page-1", identifier="trk-p45", phone="+15550400045")
         conversation_id = next(m for m in sandbox.messages() if m["id"] == first)["conversation_id"]
         for number in range(20):
             sandbox.incoming(conversation_id=conversation_id, content=f"message {number}")
-        _send(ctx, reminder("trk-old-page-2", identifier="trk-p45", phone="+15550400045"))
-        second = intake.status(ctx.sessions, "trk-old-page-2").message_id
-        assert second is not None
-        for message_id in (first, second):
-            _sandbox_status(sandbox, message_id, {"read"})
-        time.sleep(0.05)
-        before = _listed(sandbox)
+        second = _sent_message(ctx, "trk-old-page-2", identifier="trk-p45", phone="+15550400045")
         # the sweep reads the latest page for both, then only the page ending with the first reminder
-        report = tracking_sweep(ctx, enqueuer, enqueuer.enqueue_outcome)
+        report, reads = _sweep_once_read(ctx, sandbox, enqueuer, [first, second])
         assert report.reconciled == {"applied_read": 2}
-        assert _listed(sandbox) - before == 2
+        assert reads == 2
         assert [intake.status(ctx.sessions, f"trk-old-page-{n}").state for n in (1, 2)] == ["read", "read"]
 
 
