@@ -142,6 +142,20 @@ def ping(session: Session) -> None:
     session.execute(text("SELECT 1"))
 
 
+def takes_writes(session: Session, *, lock_timeout_ms: int) -> bool:
+    """Whether the store would take a webhook delivery's write now, asked without writing: the
+    lock an insert into ``webhook_deliveries`` takes, within ``lock_timeout_ms`` (a table lock
+    someone holds makes it wait), and a transaction that may write (a server in recovery or read
+    only says no). On SQLite the session's ``BEGIN IMMEDIATE`` took the write lock already. Run it
+    in a transaction the caller rolls back; raises SQLAlchemyError when the store does not answer."""
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(text("SELECT 1"))
+        return True
+    session.execute(text("SELECT set_config('lock_timeout', :timeout, true)"), {"timeout": f"{int(lock_timeout_ms)}ms"})
+    session.execute(text("LOCK TABLE webhook_deliveries IN ROW EXCLUSIVE MODE"))
+    return bool(session.execute(text("SELECT current_setting('transaction_read_only')")).scalar_one() == "off")
+
+
 def insert_for(session: Session) -> Any:
     """The dialect's INSERT (PostgreSQL's or SQLite's), the one with ON CONFLICT clauses."""
     return dialect_insert(session.get_bind().dialect.name)

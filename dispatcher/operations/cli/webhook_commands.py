@@ -37,7 +37,7 @@ def receiver_command(host: str, port: int, workers: int) -> None:
     """Run the webhook receiver: verify, record and queue signed deliveries.
 
     It answers POST on the configured webhook_path (default /webhooks/messaging), GET /healthz
-    (the process runs), GET /readyz (the database and the broker answer) and GET /metrics.
+    (the process runs), GET /readyz (the database would take a write, the broker answers) and GET /metrics.
     uvicorn's access log is off and its log level is warning; refusals are logged with their
     reason and delivery ID only. Put it behind TLS for a real workspace.
 

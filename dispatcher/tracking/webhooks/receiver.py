@@ -53,7 +53,7 @@ from dispatcher.http_framing import RefuseDoubleFraming
 from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
 from dispatcher.recipients.keywords import vocabulary
 from dispatcher.settings import Settings, load_settings
-from dispatcher.store.db import UNSTORABLE_TEXT, ping, session_factory, shared_engine
+from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine, takes_writes
 from dispatcher.tracking.webhooks.deliveries import CeleryOutcomePublisher, NewDelivery, Publish, record_deliveries
 from dispatcher.tracking.webhooks.events import EventSummary, body_digest, summarize
 from dispatcher.tracking.webhooks.verify import DELIVERY_ID, verify_delivery
@@ -144,11 +144,15 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
         """Liveness: the process answers. Never depends on the store or the broker."""
         return Response(b'{"status":"ok"}', media_type="application/json")
 
+    store_probe = SingleFlight(_store_takes_writes(store))
+
     async def readyz(request: Request) -> Response:
-        """Readiness: the store and the broker answer now (each within a bound)."""
-        checks = {"database": _store_answers(store), "broker": _broker_answers(send)}
-        results = await asyncio.gather(*(_within(READY_CHECK_TIMEOUT_S, check) for check in checks.values()))
-        verdicts = {name: "ok" if ok else "down" for name, ok in zip(checks, results, strict=True)}
+        """Readiness: the store would take a delivery's write now and the broker answers, each
+        within a bound, and the writer is not refusing deliveries for a backlog."""
+        database, broker = await asyncio.gather(store_probe.within(READY_CHECK_TIMEOUT_S),
+                                                _within(READY_CHECK_TIMEOUT_S, _broker_answers(send)))
+        results = [database and writer.waiting <= MAX_WAITING_WRITES, broker]
+        verdicts = {name: "ok" if ok else "down" for name, ok in zip(("database", "broker"), results, strict=True)}
         return Response(json.dumps(verdicts).encode(), status_code=200 if all(results) else 503,
                         media_type="application/json")
 
@@ -273,14 +277,39 @@ async def _within(timeout_s: float, check: Callable[[], bool]) -> bool:
         return False
 
 
-def _store_answers(sessions: sessionmaker[Session]) -> Callable[[], bool]:
+class SingleFlight:
+    """One run of a blocking check at a time, in the thread pool: a caller that comes while it
+    runs waits for that run. A store that hangs then holds one thread, not one per probe (a load
+    balancer asks every few seconds, and Starlette's pool is shared with the deliveries' writes)."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._running: asyncio.Future[bool] | None = None
+
+    async def within(self, timeout_s: float) -> bool:
+        """The check's answer, or False when it takes longer than ``timeout_s`` (it goes on)."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(run_in_threadpool(self._check))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._running), timeout=timeout_s)
+        except TimeoutError:
+            return False
+
+
+def _store_takes_writes(sessions: sessionmaker[Session]) -> Callable[[], bool]:
+    """The store would take a delivery's write now (:func:`takes_writes`), its lock waited for a
+    little less than readiness's own bound, so that the thread ends with the answer."""
+    lock_timeout_ms = int(READY_CHECK_TIMEOUT_S * 1000 * 0.75)
+
     def check() -> bool:
         try:
             with sessions() as session:
-                ping(session)
+                try:
+                    return takes_writes(session, lock_timeout_ms=lock_timeout_ms)
+                finally:
+                    session.rollback()
         except SQLAlchemyError:
             return False
-        return True
     return check
 
 

@@ -1,5 +1,5 @@
-"""The receiver as a process while its database goes away or hangs: liveness stays up, readiness
-says what is down, /metrics answers, deliveries get a prompt 503 (never a hung request), a slow
+"""The receiver as a process while its database goes away, hangs or cannot take a write (a table
+lock held): liveness stays up, readiness says what is down, /metrics answers, deliveries get a prompt 503 (never a hung request), a slow
 body is cut off, and everything is ready again by itself when the database returns.
 
 The database link goes through a TCP proxy (tests/support/tcp_proxy.py) that can be cut (refused)
@@ -121,6 +121,26 @@ def test_a_store_that_goes_away_or_hangs_gets_prompt_answers_and_readiness_comes
     receiver.proxy.restore()
     wait_until(lambda: _ready(receiver), timeout_s=30, what="ready again after the freeze")
     assert receiver.deliver("faults-after").json() == {"status": "accepted"}
+
+
+def test_a_store_that_cannot_take_a_write_is_not_ready(receiver: Receiver, fresh_postgres_url: str) -> None:
+    # The server answers (SELECT 1 would), but a migration or an operator holds a lock on the
+    # deliveries' table: every delivery waits on it, so a load balancer must stop sending here.
+    assert _ready(receiver)
+    locker = sa.create_engine(fresh_postgres_url)
+    try:
+        with locker.connect() as connection:
+            connection.execute(sa.text("LOCK TABLE webhook_deliveries IN ACCESS EXCLUSIVE MODE"))
+            ready = receiver.get("/readyz")  # answered within readiness's bound, by the lock's timeout
+            assert (ready.status_code, ready.json()) == (503, {"database": "down", "broker": "ok"})
+            assert receiver.get("/healthz").status_code == 200  # alive: nothing to restart
+            held = receiver.deliver("faults-locked")  # the store timeout (2 s here) answers it
+            assert (held.status_code, held.json()) == (503, {"error": "store_unavailable"})
+            connection.rollback()  # the lock goes
+        wait_until(lambda: _ready(receiver), timeout_s=30, what="ready again once the lock is gone")
+        assert receiver.deliver("faults-unlocked").json() == {"status": "accepted"}
+    finally:
+        locker.dispose()
 
 
 def _read_answer(connection: socket.socket) -> bytes:

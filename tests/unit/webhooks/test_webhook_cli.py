@@ -7,6 +7,7 @@ import logging
 
 import httpx
 import pytest
+import uvicorn
 from click.testing import CliRunner
 
 from dispatcher.errors import ConfigurationError
@@ -83,13 +84,13 @@ def test_receiver_logging_keeps_dispatcher_warnings() -> None:
 
 
 def test_receiver_says_where_it_listens_before_it_serves(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
+    from dispatcher.operations.cli import webhook_commands
 
-    served: list[dict[str, object]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.append(options))
+    served: list[uvicorn.Config] = []
+    monkeypatch.setattr(webhook_commands, "serve", lambda config: served.append(config) or True)
     result = runner.invoke(receiver_command, ["--host", "127.0.0.1", "--port", "8089"],
                            env={**ENV, "DISPATCHER_INTAKE_TOKEN": "intake-token-0123456789abcdef"})
     assert result.exit_code == 0, result.output
     assert result.output.startswith("receiver listening on http://127.0.0.1:8089: webhooks at /webhooks/messaging")
     assert "HTTP intake at /v1/notifications" in result.output and "intake-token" not in result.output
-    assert served and served[0]["port"] == 8089
+    assert served and (served[0].host, served[0].port, served[0].workers) == ("127.0.0.1", 8089, 1)
