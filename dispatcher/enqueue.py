@@ -98,6 +98,16 @@ class CeleryEnqueuer:
         """Publish the outcome task for one recorded webhook delivery (its row ID only)."""
         self._publish(OUTCOME_TASK, OUTCOMES_QUEUE, delivery_row_id, shown=f"(delivery={delivery_row_id})")
 
+    def outcome_queue_depth(self) -> int | None:
+        """The outcome tasks waiting in the broker's outcomes queue (not those consumers hold), as
+        :meth:`send_queue_depth` reads the send queues; None when the broker did not answer."""
+        try:
+            with self._app.connection_for_write() as connection:
+                return _depth(connection, OUTCOMES_QUEUE)
+        except Exception as error:
+            log.warning("could not read the outcomes queue's depth (%s)", type(error).__name__)
+            return None
+
     def _publish(self, task: str, queue: str, row_id: int, *, shown: str, producer: Any = None) -> None:
         # argsrepr is what Flower and the worker log display: the ID, said plainly.
         self._app.send_task(
@@ -142,6 +152,7 @@ class ListEnqueuer:
         self.queues: dict[int, str] = {}  # the queue each ID was published to, last
         self.outcomes: list[int] = []
         self.queue_depth = queue_depth  # what send_queue_depth says: None, it cannot tell
+        self.outcome_depth: int | None = None  # what outcome_queue_depth says
 
     def send_queue_depth(self) -> int | None:
         return self.queue_depth
@@ -154,3 +165,6 @@ class ListEnqueuer:
 
     def enqueue_outcome(self, delivery_row_id: int) -> None:
         self.outcomes.append(delivery_row_id)
+
+    def outcome_queue_depth(self) -> int | None:
+        return self.outcome_depth

@@ -165,7 +165,8 @@ def track() -> dict[str, object]:
     """Republish lost deliveries, reconcile unconfirmed attempts, decide on missed deadlines."""
     totals: dict[str, object] = {}
     for context in runtime.contexts():  # each workspace through its own API, limiter and rows
-        report = tracking_sweep(context, runtime.enqueuer(), runtime.enqueuer().enqueue_outcome)
+        report = tracking_sweep(context, runtime.enqueuer(), runtime.enqueuer().enqueue_outcome,
+                                outcomes_waiting=runtime.enqueuer().outcome_queue_depth)
         totals[context.settings.workspace_name] = {
             "republished": report.republished, "reconciled": report.reconciled,
             "deadlines": report.deadline_decisions, "repaired": report.repaired}

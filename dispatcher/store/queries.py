@@ -755,12 +755,18 @@ def schedule_read(session: Session, attempt_id: int, *, at: datetime | None) -> 
 
 
 def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: datetime, limit: int,
-                         workspace: str = "default") -> list[int]:
+                         workspace: str = "default", queue_holds_tasks: bool = False) -> list[int]:
     """Recorded webhook deliveries whose outcome task never finished (lost with a consumer), with no
     news since ``quiet_since``: neither received nor published again after it. They are marked as
     published again now, so each one goes to the queue at most once per grace period, however
-    often the sweep runs while the consumers are down."""
-    ids = list(session.scalars(_LOST_DELIVERIES, {"workspace": workspace, "quiet_since": quiet_since, "limit": limit}))
+    often the sweep runs while the consumers are down.
+
+    ``queue_holds_tasks``: the outcomes queue held tasks as the sweep began, so a delivery no
+    consumer has started is taken to have its task there still (consumers stopped or behind): only
+    one whose task started and never finished (its consumer died) is published again, and only
+    once while the queue is not empty. One queued task per delivery, however long they are stopped."""
+    lost = _LOST_STARTED_DELIVERIES if queue_holds_tasks else _LOST_DELIVERIES
+    ids = list(session.scalars(lost, {"workspace": workspace, "quiet_since": quiet_since, "limit": limit}))
     if ids:
         session.execute(_REPUBLISHED, {"ids": ids, "now": now})
     return ids
@@ -774,6 +780,14 @@ _LOST_DELIVERIES = (
            _DELIVERIES.c.received_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type),
            or_(_DELIVERIES.c.republished_at.is_(None),
                _DELIVERIES.c.republished_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type)))
+    .order_by(_DELIVERIES.c.id)
+    .limit(bindparam("limit"))
+)
+_LOST_STARTED_DELIVERIES = (
+    select(_DELIVERIES.c.id)
+    .where(_DELIVERIES.c.workspace == bindparam("workspace"), _DELIVERIES.c.processed_at.is_(None),
+           _DELIVERIES.c.received_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type),
+           _DELIVERIES.c.tries > 0, _DELIVERIES.c.republished_at.is_(None))
     .order_by(_DELIVERIES.c.id)
     .limit(bindparam("limit"))
 )

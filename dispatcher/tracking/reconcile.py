@@ -52,14 +52,19 @@ class SweepReport:
     repaired: int = 0  # failures whose decision a killed process never made
 
 
-def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None]) -> SweepReport:
+def tracking_sweep(ctx: SendContext, enqueuer: Enqueuer, publish_outcome: Callable[[int], None], *,
+                   outcomes_waiting: Callable[[], int | None] = lambda: None) -> SweepReport:
     """One workspace's tracking (``ctx`` is its own: its API, limiter and rows); a deployment with
-    several runs it for each."""
+    several runs it for each. ``outcomes_waiting``: the outcome tasks waiting in the broker's queue
+    now (None: it cannot tell), read before the lost deliveries are (a task published after this
+    read belongs to a delivery too young to be taken as lost)."""
     report = SweepReport()
+    waiting = outcomes_waiting()
     now = ctx.clock()
     with ctx.sessions.begin() as session:
         lost = store.take_lost_deliveries(session, quiet_since=now - timedelta(seconds=DELIVERY_GRACE_S), now=now,
-                                          limit=BATCH, workspace=ctx.settings.workspace_name)
+                                          limit=BATCH, workspace=ctx.settings.workspace_name,
+                                          queue_holds_tasks=bool(waiting))
     for delivery_row_id in lost:
         publish_outcome(delivery_row_id)
         report.republished += 1

@@ -136,8 +136,10 @@ def test_the_send_queue_depth_on_redis(own_redis: PrivateRedis) -> None:
         assert enqueuer.send_queue_depth() == 0  # never used: no key
         assert enqueuer.enqueue_send([1, 2, 3]) == [1, 2, 3]
         assert enqueuer.send_queue_depth() == 3
+        assert enqueuer.outcome_queue_depth() == 0
         enqueuer.enqueue_outcome(9)  # another queue's task is not a send task
         assert enqueuer.send_queue_depth() == 3
+        assert enqueuer.outcome_queue_depth() == 1  # the tracking sweep's question, about its own queue
     finally:
         enqueuer.close()
 
@@ -149,6 +151,7 @@ def test_the_send_queue_depth_on_the_embedded_broker(tmp_path: Path) -> None:
         assert enqueuer.enqueue_send([1, 2]) == [1, 2]
         enqueuer.enqueue_outcome(9)
         assert enqueuer.send_queue_depth() == 2
+        assert enqueuer.outcome_queue_depth() == 1
     finally:
         enqueuer.close()
 
@@ -171,5 +174,6 @@ def test_a_broker_that_does_not_answer_cannot_tell_its_depth() -> None:
     enqueuer = CeleryEnqueuer(f"redis://127.0.0.1:{free_port()}/0")  # nobody listens there
     try:
         assert enqueuer.send_queue_depth() is None  # the sweep then judges by age alone
+        assert enqueuer.outcome_queue_depth() is None  # the tracking sweep too
     finally:
         enqueuer.close()

@@ -917,6 +917,40 @@ def test_a_lost_delivery_is_published_again_at_most_once_per_grace_period(
     assert sorted(set(published)) == sorted(row for row in rows if row is not None)
 
 
+def test_while_the_consumers_are_stopped_each_delivery_keeps_one_task_in_the_queue(
+    context: SendContext, enqueuer: ListEnqueuer
+) -> None:
+    # given 100 recorded deliveries whose tasks wait in the outcomes queue (the consumers are
+    # stopped), and 3 more whose consumer took them and died before finishing
+    received = context.clock()
+    rows = [row for row in record_deliveries(context.sessions, [
+        NewDelivery(f"waiting-{n}", "message_created", {"event": "message_created", "message_id": 600000 + n}, received)
+        for n in range(103)]) if row is not None]
+    died = rows[100:]
+    with context.sessions.begin() as session:
+        store.start_delivery_runs(session, died)
+    enqueuer.outcome_depth = 100
+    published: list[int] = []
+    real_clock = context.clock
+
+    def sweep_at(seconds: float) -> int:
+        context.clock = lambda: received + timedelta(seconds=seconds)
+        try:
+            return tracking_sweep(context, enqueuer, published.append,
+                                  outcomes_waiting=enqueuer.outcome_queue_depth).republished
+        finally:
+            context.clock = real_clock
+
+    # when the sweep runs every 5 s for two minutes while they stay stopped
+    counts = [sweep_at(seconds) for seconds in range(0, 121, 5)]
+    # then only the 3 whose task died go to the queue again, once each: the others' tasks are there
+    assert sum(counts) == len(published) == 3 and sorted(published) == sorted(died)
+    # and once the queue is empty (their tasks were lost after all), every one goes, once per grace
+    # period (a sweep takes 100 at most: the rest at the next)
+    enqueuer.outcome_depth = 0
+    assert [sweep_at(160), sweep_at(165), sweep_at(170)] == [100, 3, 0]
+
+
 SHORT_WINDOW = FAST + "service_window_s = 0.3\n"  # the platform's window closes long before ours
 
 
