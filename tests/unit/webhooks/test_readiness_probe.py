@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from dispatcher.tracking.webhooks.receiver import SingleFlight
 
 
-def test_probes_that_come_while_one_runs_share_its_answer() -> None:
+def _blocking_check() -> tuple[threading.Event, list[int], Callable[[], bool]]:
+    """A check that answers True once released, and counts its runs."""
     release, runs = threading.Event(), []
 
     def check() -> bool:
@@ -17,6 +19,11 @@ def test_probes_that_come_while_one_runs_share_its_answer() -> None:
         release.wait(timeout=10)
         return True
 
+    return release, runs, check
+
+
+def test_probes_that_come_while_one_runs_share_its_answer() -> None:
+    release, runs, check = _blocking_check()
     probe = SingleFlight(check)
 
     async def three_at_once() -> list[bool]:
@@ -30,13 +37,7 @@ def test_probes_that_come_while_one_runs_share_its_answer() -> None:
 
 
 def test_a_check_that_hangs_answers_not_ready_within_the_bound_and_starts_no_second_run() -> None:
-    release, runs = threading.Event(), []
-
-    def hangs() -> bool:
-        runs.append(1)
-        release.wait(timeout=10)
-        return True
-
+    release, runs, hangs = _blocking_check()
     probe = SingleFlight(hangs)
 
     async def twice() -> tuple[bool, bool]:
