@@ -773,24 +773,22 @@ def take_lost_deliveries(session: Session, *, quiet_since: datetime, now: dateti
 
 
 _DELIVERIES = table_of(WebhookDelivery)
+_QUIET_SINCE = bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type)
+
+
+def _lost_deliveries(*which: Any) -> Any:
+    """Unprocessed deliveries of a workspace received before ``quiet_since`` that also meet ``which``."""
+    return (select(_DELIVERIES.c.id)
+            .where(_DELIVERIES.c.workspace == bindparam("workspace"), _DELIVERIES.c.processed_at.is_(None),
+                   _DELIVERIES.c.received_at < _QUIET_SINCE, *which)
+            .order_by(_DELIVERIES.c.id)
+            .limit(bindparam("limit")))
+
+
 # Built once: every tracking sweep runs them.
-_LOST_DELIVERIES = (
-    select(_DELIVERIES.c.id)
-    .where(_DELIVERIES.c.workspace == bindparam("workspace"), _DELIVERIES.c.processed_at.is_(None),
-           _DELIVERIES.c.received_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type),
-           or_(_DELIVERIES.c.republished_at.is_(None),
-               _DELIVERIES.c.republished_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type)))
-    .order_by(_DELIVERIES.c.id)
-    .limit(bindparam("limit"))
-)
-_LOST_STARTED_DELIVERIES = (
-    select(_DELIVERIES.c.id)
-    .where(_DELIVERIES.c.workspace == bindparam("workspace"), _DELIVERIES.c.processed_at.is_(None),
-           _DELIVERIES.c.received_at < bindparam("quiet_since", type_=_DELIVERIES.c.received_at.type),
-           _DELIVERIES.c.tries > 0, _DELIVERIES.c.republished_at.is_(None))
-    .order_by(_DELIVERIES.c.id)
-    .limit(bindparam("limit"))
-)
+_LOST_DELIVERIES = _lost_deliveries(or_(_DELIVERIES.c.republished_at.is_(None),
+                                        _DELIVERIES.c.republished_at < _QUIET_SINCE))
+_LOST_STARTED_DELIVERIES = _lost_deliveries(_DELIVERIES.c.tries > 0, _DELIVERIES.c.republished_at.is_(None))
 _REPUBLISHED = (update(_DELIVERIES).where(_DELIVERIES.c.id.in_(bindparam("ids", expanding=True)))
                 .values(republished_at=bindparam("now", type_=_DELIVERIES.c.republished_at.type)))
 
