@@ -18,6 +18,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 
 
+@pytest.fixture(autouse=True)
+def _statements_built_anew_for_each_mutant() -> None:
+    """Under mutmut (the mutation run sets MUTANT_UNDER_TEST), each test builds the hot paths'
+    statements itself: the mutants of their builders then reach every test that runs them."""
+    if "MUTANT_UNDER_TEST" in os.environ:
+        from dispatcher.store.built_once import forget_built_statements
+
+        forget_built_statements()
+
+
 @pytest.fixture()
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No DISPATCHER_* variable from the outer shell may leak into a test."""

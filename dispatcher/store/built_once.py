@@ -31,6 +31,8 @@ from sqlalchemy.engine.interfaces import BindTyping, CacheStats
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
+_EVERY: list[BuiltOnce] = []  # each statement built once, for forget_built_statements
+
 _EXPANDING = re.compile(r"\(__\[POSTCOMPILE_(\w+)\]\)")  # how an expanding parameter (IN) is left in the SQL
 
 
@@ -41,6 +43,11 @@ class BuiltOnce:
         self._build = build  # the dialect's name ("sqlite", "postgresql") -> the Core statement
         self._texts: dict[str, TextClause] = {}
         self._lock = threading.Lock()
+        _EVERY.append(self)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._texts.clear()
 
     def __call__(self, session: Session | Connection) -> TextClause:
         dialect = session.get_bind().dialect if isinstance(session, Session) else session.dialect
@@ -56,6 +63,14 @@ class BuiltOnce:
 def built_once(build: Callable[[str], Any]) -> BuiltOnce:
     """Decorate a function of the dialect's name that builds the statement (see the module's doc)."""
     return BuiltOnce(build)
+
+
+def forget_built_statements() -> None:
+    """Build every statement anew at its next run. For the mutation run (docs/simulation.md), whose
+    mutants live in the builders: a statement built by an earlier test would hide a mutant from the
+    next, and mutmut would map a builder only to the first test that ran it."""
+    for statement in _EVERY:
+        statement.forget()
 
 
 def as_text(statement: Any, dialect: Dialect) -> TextClause:
