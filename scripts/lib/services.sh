@@ -44,6 +44,21 @@ require_redis_server() {
   return 1
 }
 
+# A program from a Debian package, installed once when missing (--no-install-recommends: the
+# package's daemon and its exporters are not wanted; the tests start their own on free ports).
+# Used for pgbouncer (the store through a pooler in transaction mode) and prometheus (promtool
+# and a real Prometheus scraping the processes a test starts).
+ensure_debian_program() {
+  local program="$1" package="$2"
+  command -v "$program" >/dev/null || [ -x "/usr/sbin/$program" ] && return 0
+  echo "$program is not installed: installing Debian's package $package for the tests" >&2
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "$package" >/dev/null 2>&1 \
+    || { $sudo apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "$package" >/dev/null; } \
+    || { echo "could not install $package (apt-get install $package)" >&2; return 1; }
+}
+
 # Debian's Chromium, which Playwright drives in the dashboard's browser test (no browser download:
 # the machine's network reaches the package mirrors only). Installed once, when missing.
 ensure_chromium() {
