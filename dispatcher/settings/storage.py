@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from dispatcher.queues import DEFAULT_VISIBILITY_TIMEOUT_S
-from dispatcher.settings.checks import Concern
+from dispatcher.settings.checks import ENV_PREFIX, Concern
+from dispatcher.store.db import POOLER_PARAMETER
 
 DEFAULT_DATABASE_URL = "sqlite:///var/dispatcher.sqlite"
 DEFAULT_BROKER_URL = "filesystem://var/broker"  # see docs/embedded-broker.md
@@ -19,6 +22,26 @@ class Storage(Concern):
     # Redis broker: a task a worker took and never acknowledged (it was killed whole) comes back
     # after this, plus one restore period (dispatcher.queues): a lost worker's work within 60 s.
     broker_visibility_timeout_s: int = Field(default=DEFAULT_VISIBILITY_TIMEOUT_S, gt=0)
+    # A pooler between the processes and PostgreSQL that hands a server connection out for one
+    # transaction at a time (PgBouncer's pool_mode = transaction): "transaction" keeps every
+    # connection to what such a pooler carries (docs/operations.md, "PgBouncer").
+    database_pooler: Literal["none", "transaction"] = "none"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pooler_in_the_url(cls, data: Any) -> Any:
+        """Every process and command opens its engine from the database URL alone, so the pooler's
+        mode travels in it, as the ``dispatcher_pooler`` parameter that store.db.make_engine reads
+        (and takes out: PostgreSQL never sees it)."""
+        if not isinstance(data, dict) or data.get("database_pooler") != "transaction":
+            return data
+        url = str(data.get("database_url") or "")
+        if url.startswith("sqlite") or not url:
+            raise ValueError(f"{ENV_PREFIX}DATABASE_POOLER (database_pooler): a pooler stands in front of PostgreSQL, "
+                             "and database_url is not PostgreSQL")
+        if POOLER_PARAMETER not in url:
+            url += ("&" if "?" in url else "?") + f"{POOLER_PARAMETER}=transaction"
+        return {**data, "database_url": url}
 
     @field_validator("database_url")
     @classmethod

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +26,9 @@ PG_CONNECT_TIMEOUT_S = 5
 PG_STATEMENT_TIMEOUT_MS = 30_000
 PG_LOCK_TIMEOUT_MS = 10_000
 PG_POOL_TIMEOUT_S = 10  # waiting for a free pooled connection
+# In the database URL: a pooler in transaction mode stands in front of PostgreSQL (the
+# ``database_pooler`` setting puts it there); make_engine takes it out.
+POOLER_PARAMETER = "dispatcher_pooler"
 
 
 def make_engine(database_url: str, *, statement_timeout: bool = True, **options: Any) -> Engine:
@@ -33,23 +36,61 @@ def make_engine(database_url: str, *, statement_timeout: bool = True, **options:
 
     ``hide_parameters``: a statement's parameters (contents, contact details) never appear in the
     text of a database error, which may reach a log, a traceback or Flower. ``statement_timeout``
-    False: no statement limit (migrations, which may rewrite a large table)."""
+    False: no statement limit (migrations, which may rewrite a large table). A URL with
+    ``dispatcher_pooler=transaction`` (``database_pooler``) goes through a pooler in transaction
+    mode: see :func:`_through_a_transaction_pooler`."""
     options.setdefault("hide_parameters", True)
     url = make_url(database_url)
+    pooler = url.query.get(POOLER_PARAMETER)
+    url = url.difference_update_query([POOLER_PARAMETER])
     if url.get_backend_name() == "sqlite":
+        if pooler is not None:
+            raise ConfigurationError("DISPATCHER_DATABASE_POOLER (database_pooler)", "applies to PostgreSQL only")
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **options)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
+    if pooler not in (None, "transaction"):
+        raise ConfigurationError("DISPATCHER_DATABASE_POOLER (database_pooler)", "is none or transaction")
     # Bounded waits: a database that does not answer fails a connect in 5 s, a statement is
     # cancelled after 30 s and a lock wait after 10 s, so no process hangs on a frozen store.
     statement_ms = PG_STATEMENT_TIMEOUT_MS if statement_timeout else 0
+    if pooler == "transaction":
+        return _through_a_transaction_pooler(url, statement_ms, options)
     connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S,
                     "options": f"-c statement_timeout={statement_ms} -c lock_timeout={PG_LOCK_TIMEOUT_MS}"}
     engine = create_engine(url, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args, **options)
     event.listen(engine, "checkout", _refuse_a_connection_the_server_closed)
+    return engine
+
+
+def _through_a_transaction_pooler(url: URL, statement_ms: int, options: dict[str, Any]) -> Engine:
+    """PostgreSQL behind a pooler that lends a server connection for one transaction (PgBouncer's
+    ``pool_mode = transaction``): consecutive transactions of one client connection may run on
+    different server connections, so nothing may outlive a transaction on the server.
+
+    - No server-side prepared statements (psycopg prepares a statement it ran 5 times on a
+      connection; the next transaction may reach a server connection without it):
+      ``prepare_threshold=None``. Each statement is then planned every time it runs.
+    - No ``options`` startup parameter (PgBouncer 1.18 refuses it; later ones pass on only the
+      parameters they track): the two timeouts are set for each transaction instead, with
+      ``set_config(..., true)`` (``SET LOCAL``), as its first statement. That costs one round trip
+      a transaction. A statement run in autocommit is its own transaction and gets none (the one
+      there is, a send's record of acceptance, is a single-row update by key)."""
+    connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "prepare_threshold": None}
+    engine = create_engine(url, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args, **options)
+    event.listen(engine, "checkout", _refuse_a_connection_the_server_closed)
+    timeouts = text("SELECT set_config('statement_timeout', :statement_ms, true), "
+                    "set_config('lock_timeout', :lock_ms, true)")
+    parameters = {"statement_ms": str(statement_ms), "lock_ms": str(PG_LOCK_TIMEOUT_MS)}
+
+    @event.listens_for(engine, "begin")
+    def _timeouts_for_this_transaction(connection: Connection) -> None:
+        if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            connection.execute(timeouts, parameters)
+
     return engine
 
 
