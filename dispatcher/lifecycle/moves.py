@@ -34,7 +34,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
 from dispatcher.store.account import Account
 from dispatcher.store.built_once import built_once
-from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert
+from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert, through_a_transaction_pooler
 from dispatcher.store.models import Attempt, Notification, table_of
 from dispatcher.store.queries import LOAD_FOR_SEND, PAYLOAD_CONTACT_KEYS, CachedTarget, cached_target_of_payload
 
@@ -645,8 +645,10 @@ def outside_a_transaction(session: Session) -> bool:
     transaction, no BEGIN or COMMIT round trip. Ask before the session's first statement, then take
     its connection in autocommit. Not where the pool shares one connection among sessions (the
     deterministic simulation's, which runs every node on one connection): there another session's
-    transaction may be open on it, and every statement stays in the caller's transaction."""
-    return _one_statement(session) and not isinstance(session.get_bind().engine.pool, StaticPool)
+    transaction may be open on it, and every statement stays in the caller's transaction. Nor
+    through a pooler in transaction mode, where only a transaction carries the timeouts."""
+    return (_one_statement(session) and not isinstance(session.get_bind().engine.pool, StaticPool)
+            and not through_a_transaction_pooler(session))
 
 
 def each_statement_alone(session: Session) -> bool:

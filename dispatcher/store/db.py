@@ -29,6 +29,7 @@ PG_POOL_TIMEOUT_S = 10  # waiting for a free pooled connection
 # In the database URL: a pooler in transaction mode stands in front of PostgreSQL (the
 # ``database_pooler`` setting puts it there); make_engine takes it out.
 POOLER_PARAMETER = "dispatcher_pooler"
+_POOLED = "dispatcher_transaction_pooler"  # the engine's execution option that says so
 
 
 def make_engine(database_url: str, *, statement_timeout: bool = True, **options: Any) -> Engine:
@@ -77,10 +78,12 @@ def _through_a_transaction_pooler(url: URL, statement_ms: int, options: dict[str
     - No ``options`` startup parameter (PgBouncer 1.18 refuses it; later ones pass on only the
       parameters they track): the two timeouts are set for each transaction instead, with
       ``set_config(..., true)`` (``SET LOCAL``), as its first statement. That costs one round trip
-      a transaction. A statement run in autocommit is its own transaction and gets none (the one
-      there is, a send's record of acceptance, is a single-row update by key)."""
+      a transaction. A statement in autocommit would run with the server's defaults (no limit), so
+      the moves that run alone outside a transaction elsewhere run in one here
+      (:func:`through_a_transaction_pooler`)."""
     connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "prepare_threshold": None}
-    engine = create_engine(url, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args, **options)
+    engine = create_engine(url, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args,
+                           execution_options={_POOLED: True}, **options)
     event.listen(engine, "checkout", _refuse_a_connection_the_server_closed)
     timeouts = text("SELECT set_config('statement_timeout', :statement_ms, true), "
                     "set_config('lock_timeout', :lock_ms, true)")
@@ -92,6 +95,11 @@ def _through_a_transaction_pooler(url: URL, statement_ms: int, options: dict[str
             connection.execute(timeouts, parameters)
 
     return engine
+
+
+def through_a_transaction_pooler(session: Session) -> bool:
+    """Whether ``session``'s engine reaches PostgreSQL through a pooler in transaction mode."""
+    return bool(session.get_bind().engine.get_execution_options().get(_POOLED))
 
 
 def _refuse_a_connection_the_server_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:

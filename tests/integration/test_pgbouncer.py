@@ -20,8 +20,9 @@ import sqlalchemy as sa
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.lifecycle import moves
 from dispatcher.service import Dispatcher
-from dispatcher.store.db import make_engine
+from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.pgbouncer import SERVER_POOL_SIZE, PrivatePgBouncer, private_pgbouncer
@@ -68,6 +69,15 @@ def test_without_the_setting_pgbouncer_refuses_the_connection_and_with_it_nothin
             assert connection.execute(sa.text("SHOW statement_timeout")).scalar_one() == "0"
     finally:
         engine.dispose()
+    # the moves that run alone in autocommit on a direct connection run in a transaction here,
+    # where only a transaction carries the timeouts
+    for url, alone in ((fresh_postgres_url, True), (bouncer.url_for(fresh_postgres_url), False)):
+        either = make_engine(url)
+        try:
+            with session_factory(either)() as session:
+                assert moves.outside_a_transaction(session) is alone
+        finally:
+            either.dispose()
     migrations = make_engine(bouncer.url_for(fresh_postgres_url), statement_timeout=False)
     try:
         with migrations.begin() as connection:
