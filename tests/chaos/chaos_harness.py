@@ -47,6 +47,7 @@ from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import Attempt, Notification, WebhookDelivery
 from dispatcher.store.queries import received_evidence
 from tests.support.dispatcher_setup import example_settings, reminder
+from tests.support.pgbouncer import PrivatePgBouncer, private_pgbouncer
 from tests.support.ports import listens
 from tests.support.postgres_server import PrivatePostgres, private_postgres
 from tests.support.rabbitmq_node import private_rabbitmq, queued_of
@@ -74,6 +75,10 @@ WHOLE_WORKER_SHARE = 0.12  # of kills: the worker's main process (and its pool) 
 MIN_KILL_GAP_S = 0.2  # kills come at uniform random gaps that spread them over the hand-over
 BROKER_DOWN_S = (1.0, 3.0)  # how long the broker stays down at its restart (RabbitMQ's start adds its own seconds)
 POSTGRES_DOWN_S = (5.0, 20.0)  # how long PostgreSQL stays down at its restart (issue 20)
+PGBOUNCER_DOWN_S = (2.0, 10.0)  # how long PgBouncer stays down after its SIGKILL (CHAOS_PGBOUNCER)
+# The server connections PgBouncer keeps per database: fewer than the processes' client
+# connections (about 60), as in a deployment that needs a pooler.
+PGBOUNCER_POOL_SIZE = 20
 # Failures of an attempt without a message that are ours, not the workspace's refusal (issue 22).
 OUR_FAILURES = frozenset({"tries_exhausted", "crash_loop", "outcome_unknown", "internal", "unreachable"})
 # The host hands over as fast as the dispatcher sends: it keeps at most this many notifications
@@ -131,11 +136,13 @@ class ChaosConfig:
     keep_logs: Path | None = None
     broker: str = "redis"
     delivery_deadline_s: float | None = CI_DELIVERY_DEADLINE_S  # None: the example configuration's
+    pgbouncer: bool = False  # every process and the host reach the store through PgBouncer (transaction mode)
 
     @classmethod
     def from_environment(cls, broker: str = "redis") -> ChaosConfig:
         """CHAOS_SEED (replay), CHAOS_NOTIFICATIONS, CHAOS_KILLS (else the broker's CI size),
-        CHAOS_REPORT, CHAOS_KEEP_LOGS, CHAOS_DEADLINE_S (seconds, or "example")."""
+        CHAOS_REPORT, CHAOS_KEEP_LOGS, CHAOS_DEADLINE_S (seconds, or "example"), CHAOS_PGBOUNCER (1:
+        the store through a PgBouncer of the run's own, killed and started again once)."""
         seed_text = os.environ.get("CHAOS_SEED", "").strip()
         seed = int(seed_text) if seed_text else random.SystemRandom().randrange(1, 2**31)
         report = os.environ.get("CHAOS_REPORT", "").strip()
@@ -149,6 +156,7 @@ class ChaosConfig:
             keep_logs=Path(keep) if keep else None,
             broker=broker,
             delivery_deadline_s=deadline_from_environment(),
+            pgbouncer=os.environ.get("CHAOS_PGBOUNCER", "").strip() in ("1", "true", "yes"),
         )
 
     @property
@@ -371,6 +379,7 @@ class Stack:
     redis: PrivateRedis  # the shared limiter; the broker too on redis
     broker: RedisBroker | RabbitBroker
     postgres: PrivatePostgres
+    pgbouncer: PrivatePgBouncer | None  # in front of postgres, for every process and the host (CHAOS_PGBOUNCER)
     dispatcher: Dispatcher
     enqueuer: CeleryEnqueuer
     database_url: str
@@ -389,12 +398,15 @@ def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
     private.start()
     broker: RedisBroker | RabbitBroker = RedisBroker(private) if config.broker == "redis" else RabbitBroker(log_dir)
     try:
-        with private_postgres() as postgres, running_sandbox(sandbox_config(config.seed)) as sandbox:
-            database_url = postgres.url
+        with private_postgres() as postgres, running_sandbox(sandbox_config(config.seed)) as sandbox, \
+                _pgbouncer_for(postgres, config) as pgbouncer:
+            database_url = postgres.url  # the checks read the store directly
+            pooled = {} if pgbouncer is None else {"DISPATCHER_DATABASE_POOLER": "transaction"}
+            processes_url = database_url if pgbouncer is None else pgbouncer.url_for(database_url, pooled_setting=False)
             upgrade_database(database_url)
             receiver_port = free_port()
             env = dispatcher_environment(
-                api_url=sandbox.base_url, database_url=database_url, broker_url=broker.url,
+                api_url=sandbox.base_url, database_url=processes_url, broker_url=broker.url, **pooled,
                 DISPATCHER_REDIS_URL=private.url,  # the shared limiter: the broker itself on redis
                 DISPATCHER_TEMPLATES=json.dumps(TEMPLATES),
                 DISPATCHER_ROUTES=routes_json(config),
@@ -414,8 +426,8 @@ def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
             try:
                 with process_group(env, log_dir) as group:
                     dispatcher = Dispatcher(settings_of(env), enqueuer=enqueuer)
-                    stack = Stack(group, sandbox, private, broker, postgres, dispatcher, enqueuer, database_url,
-                                  receiver_port, env)
+                    stack = Stack(group, sandbox, private, broker, postgres, pgbouncer, dispatcher, enqueuer,
+                                  database_url, receiver_port, env)
                     stack.start_receiver()
                     for workers, queue in ((SENDERS, SEND_QUEUE), (CONSUMERS, OUTCOME_QUEUE),
                                            (RELAYS, MAINTENANCE_QUEUE)):
@@ -434,6 +446,15 @@ def running_stack(config: ChaosConfig, *, log_dir: Path) -> Iterator[Stack]:
     finally:
         broker.close()
         private.stop()
+
+
+@contextlib.contextmanager
+def _pgbouncer_for(postgres: PrivatePostgres, config: ChaosConfig) -> Iterator[PrivatePgBouncer | None]:
+    if not config.pgbouncer:
+        yield None
+        return
+    with private_pgbouncer(postgres.url, pool_size=PGBOUNCER_POOL_SIZE) as pgbouncer:
+        yield pgbouncer
 
 
 def _answers(url: str) -> bool:
@@ -473,6 +494,8 @@ class ChaosLog:
     broker_queued: dict[str, int] = field(default_factory=dict)  # what the broker held at its restart
     postgres_restarts: int = 0
     postgres_down_s: float = 0.0
+    pgbouncer_restarts: int = 0
+    pgbouncer_down_s: float = 0.0
     lost_for_good: str | None = None  # the send worker killed and never started again
     lost_at: float | None = None  # when, time.time()
     broker_restarted_at: float | None = None  # when the broker went down, time.time()
@@ -522,6 +545,8 @@ class Controller(threading.Thread):
         self.broker_restart_after = rng.randint(*middle)
         self.postgres_restart_after = rng.randint(*middle)
         self.lose_after = rng.randint(*middle)
+        # drawn after the others: a run without PgBouncer keeps the draws its seed always gave
+        self.pgbouncer_restart_after = rng.randint(*middle) if stack.pgbouncer is not None else None
         self.lock = threading.Lock()  # the supervisor runs here and, after the chaos, in the main thread
 
     def run(self) -> None:
@@ -543,6 +568,10 @@ class Controller(threading.Thread):
                 continue
             if self.log.total_kills >= self.postgres_restart_after and not self.log.postgres_restarts:
                 self._restart_postgres()
+                continue
+            if self.pgbouncer_restart_after is not None and self.log.total_kills >= self.pgbouncer_restart_after \
+                    and not self.log.pgbouncer_restarts:
+                self._restart_pgbouncer()
                 continue
             if self.log.total_kills >= self.lose_after and self.log.lost_for_good is None:
                 self._lose_for_good(self.rng.choice(self.living_senders()))
@@ -642,6 +671,19 @@ class Controller(threading.Thread):
         self.log.postgres_restarts += 1
         self.log.postgres_down_s = time.monotonic() - begun
         self._note("PostgreSQL started again (recovered from its WAL)")
+
+    def _restart_pgbouncer(self) -> None:
+        pgbouncer = self.stack.pgbouncer
+        assert pgbouncer is not None
+        down_s = self.rng.uniform(*PGBOUNCER_DOWN_S)
+        self._note(f"PgBouncer killed (SIGKILL), down {down_s:.1f}s: every process's store connections cut")
+        begun = time.monotonic()
+        pgbouncer.kill()
+        time.sleep(down_s)
+        pgbouncer.start()
+        self.log.pgbouncer_restarts += 1
+        self.log.pgbouncer_down_s = time.monotonic() - begun
+        self._note("PgBouncer started again")
 
     def supervise(self) -> None:
         """Start again any worker, consumer, beat or receiver that is not running (not the one

@@ -125,7 +125,7 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
             timings["chaos"] = time.monotonic() - chaos_started
             say(f"chaos over after {timings['chaos']:.0f} s: {controller.log.total_kills} kills, "
                 f"{controller.log.broker_restarts} {broker} restart, {controller.log.postgres_restarts} PostgreSQL "
-                f"restart, {controller.log.lost_for_good} lost for good")
+                f"restart, {controller.log.pgbouncer_restarts} PgBouncer restart, {controller.log.lost_for_good} lost for good")
 
             settle_began = time.monotonic()
             rows, settled = _settle(stack, engine, controller, planned, deadline=began + budget_s - TEARDOWN_RESERVE_S,
@@ -176,6 +176,8 @@ def test_notifications_under_fire_lose_nothing_and_duplicate_nothing(
                 problems.append(f"the broker restarted {controller.log.broker_restarts} times, not once")
             if controller.log.postgres_restarts != 1:
                 problems.append(f"PostgreSQL restarted {controller.log.postgres_restarts} times, not once")
+            if config.pgbouncer and controller.log.pgbouncer_restarts != 1:
+                problems.append(f"PgBouncer restarted {controller.log.pgbouncer_restarts} times, not once")
             if controller.kinds_missed():
                 problems.append(f"no kill of {sorted(controller.kinds_missed())}")
             if controller.log.lost_for_good is None:
@@ -360,6 +362,9 @@ def _counts(config: ChaosConfig, planned: list[Planned], controller: Controller,
         "broker_queued": chaos.broker_queued,
         "postgres_restarts": chaos.postgres_restarts,
         "postgres_down_s": round(chaos.postgres_down_s, 1),
+        "pgbouncer": config.pgbouncer,
+        "pgbouncer_restarts": chaos.pgbouncer_restarts,
+        "pgbouncer_down_s": round(chaos.pgbouncer_down_s, 1),
         "lost_for_good": chaos.lost_for_good,
         "supervisor_restarts": dict(chaos.supervisor_restarts),
         "faults": dict(faults_by_kind),
@@ -445,7 +450,9 @@ def _count_lines(report: dict[str, Any]) -> list[str]:
         f"lost for good: {report['lost_for_good']}",
         f"{report['broker']} restarted {report['broker_restarts']} (down {report['broker_down_s']} s, holding "
         f"{report['broker_queued']}{' lost with it' if report['broker'] == 'redis' else ', kept'}), "
-        f"PostgreSQL restarted {report['postgres_restarts']} (down {report['postgres_down_s']} s)",
+        f"PostgreSQL restarted {report['postgres_restarts']} (down {report['postgres_down_s']} s)"
+        + (f"; the store through PgBouncer (transaction mode), which was killed and started again "
+           f"{report['pgbouncer_restarts']} (down {report['pgbouncer_down_s']} s)" if report["pgbouncer"] else ""),
         f"faults drawn by the sandbox {report['faults']}",
         f"faults by operation {report['faults_by_operation']}",
         f"API calls {report['calls']}",
@@ -494,7 +501,7 @@ def _write_report(config: ChaosConfig, report: dict[str, Any]) -> None:
         f"# Chaos run, seed {report['seed']}",
         "",
         f"Replay: `scripts/chaos --broker {config.broker} --seed {report['seed']} "
-        f"--notifications {config.notifications} --kills {config.kills}`",
+        f"--notifications {config.notifications} --kills {config.kills}{' --pgbouncer' if config.pgbouncer else ''}`",
         "",
         f"**Result: {'PASSED' if not report.get('problems') else 'FAILED'}**",
         "",
