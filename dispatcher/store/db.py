@@ -76,30 +76,52 @@ def _through_a_transaction_pooler(url: URL, statement_ms: int, options: dict[str
       connection; the next transaction may reach a server connection without it):
       ``prepare_threshold=None``. Each statement is then planned every time it runs.
     - No ``options`` startup parameter (PgBouncer 1.18 refuses it; later ones pass on only the
-      parameters they track): the two timeouts are set for each transaction instead, with
-      ``set_config(..., true)`` (``SET LOCAL``), as its first statement. That costs one round trip
-      a transaction. A statement in autocommit would run with the server's defaults (no limit), so
-      the moves that run alone outside a transaction elsewhere run in one here
-      (:func:`through_a_transaction_pooler`)."""
+      parameters they track). Where the server's own defaults already are the two timeouts
+      (``ALTER ROLE ... SET``, or the pooler's ``connect_query``; read at each new connection),
+      nothing more is needed. Elsewhere each transaction sets them, with ``set_config(..., true)``
+      (``SET LOCAL``) as its first statement, and the moves that run alone in autocommit on a
+      direct connection run in a transaction, which alone carries them: a warm send's 3 round
+      trips become 9 (tests/integration/test_statements_built_once.py)."""
     connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "prepare_threshold": None}
+    server = _ServerTimeouts(expected={"statement_timeout": str(statement_ms), "lock_timeout": str(PG_LOCK_TIMEOUT_MS)})
     engine = create_engine(url, pool_timeout=PG_POOL_TIMEOUT_S, connect_args=connect_args,
-                           execution_options={_POOLED: True}, **options)
+                           execution_options={_POOLED: server}, **options)
     event.listen(engine, "checkout", _refuse_a_connection_the_server_closed)
-    timeouts = text("SELECT set_config('statement_timeout', :statement_ms, true), "
-                    "set_config('lock_timeout', :lock_ms, true)")
-    parameters = {"statement_ms": str(statement_ms), "lock_ms": str(PG_LOCK_TIMEOUT_MS)}
+    event.listen(engine, "connect", server.read)
+    timeouts = text("SELECT set_config('statement_timeout', :statement_timeout, true), "
+                    "set_config('lock_timeout', :lock_timeout, true)")
 
     @event.listens_for(engine, "begin")
     def _timeouts_for_this_transaction(connection: Connection) -> None:
-        if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            connection.execute(timeouts, parameters)
+        if not server.hold and connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            connection.execute(timeouts, server.expected)
 
     return engine
 
 
+@dataclass
+class _ServerTimeouts:
+    """Whether the server's own defaults are the timeouts a transaction needs (``expected``, in
+    ms), as every new connection through the pooler has read them so far."""
+
+    expected: dict[str, str]
+    hold: bool = False
+    _read: bool = False
+
+    def read(self, dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT name, setting FROM pg_settings WHERE name IN ('statement_timeout', 'lock_timeout')")
+            found = dict(cursor.fetchall())
+        dbapi_connection.rollback()  # the read's own transaction: the pool hands the connection out idle
+        self.hold = found == self.expected and (self.hold or not self._read)
+        self._read = True
+
+
 def through_a_transaction_pooler(session: Session) -> bool:
-    """Whether ``session``'s engine reaches PostgreSQL through a pooler in transaction mode."""
-    return bool(session.get_bind().engine.get_execution_options().get(_POOLED))
+    """Whether ``session``'s engine reaches PostgreSQL through a pooler in transaction mode where
+    only a transaction carries the timeouts (the server's defaults are not them)."""
+    server = session.get_bind().engine.get_execution_options().get(_POOLED)
+    return server is not None and not server.hold
 
 
 def _refuse_a_connection_the_server_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:

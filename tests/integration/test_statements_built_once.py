@@ -10,6 +10,7 @@ fallback's send.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ from dispatcher.lifecycle import moves
 from dispatcher.sending.send import Outcome
 from dispatcher.store import queries as store
 from dispatcher.store.built_once import count_compilations
+from dispatcher.store.migrate import upgrade_database
 from dispatcher.store.models import utcnow
 from dispatcher.tracking.reconcile import process_deliveries, process_delivery
 from dispatcher.tracking.webhooks.deliveries import NewDelivery, record_deliveries
 from tests.support.dispatcher_setup import drive, example_settings, reminder, send_context
+from tests.support.pgbouncer import private_pgbouncer
 from tests.support.sandbox_process import SandboxProcess, running_sandbox
 from tests.support.tcp_proxy import tcp_proxy
 
@@ -228,3 +231,53 @@ def test_a_lone_delivery_counts_its_run_outside_a_transaction_block(context: Sen
     assert process_delivery(row, context, context.enqueuer) == "already_processed"  # the count refuses a processed row
     with context.sessions.begin() as session:  # the pool took the connection back as it gave it: in a transaction
         assert not getattr(session.connection().connection.dbapi_connection, "autocommit", False)
+
+
+def test_round_trips_of_a_warm_send_through_a_transaction_pooler(sandbox: SandboxProcess, fresh_postgres_url: str,
+                                                                 clean_environment: pytest.MonkeyPatch) -> None:
+    """The same warm send through PgBouncer in transaction mode (``database_pooler``), counted
+    between the dispatcher and the pooler. Where only a transaction carries the timeouts, the
+    claim and the acceptance each run in one, opened by psycopg's BEGIN and the timeouts' one
+    statement and closed by COMMIT: 9. Where the server's defaults are the timeouts (here
+    ``ALTER DATABASE ... SET``; ``ALTER ROLE`` or PgBouncer's ``connect_query`` do the same), the
+    send is the 3 of a direct connection."""
+    sandbox.reset()
+    counted = []
+    with private_pgbouncer(fresh_postgres_url) as bouncer, tcp_proxy("127.0.0.1", bouncer.port) as proxy:
+        pooled = sa.engine.make_url(bouncer.url_for(fresh_postgres_url)).set(port=proxy.port)
+        upgrade_database(pooled.render_as_string(hide_password=False))
+        for number, defaults in enumerate((False, True)):
+            if defaults:
+                direct = sa.create_engine(fresh_postgres_url, isolation_level="AUTOCOMMIT")
+                with direct.connect() as connection:
+                    database = sa.engine.make_url(fresh_postgres_url).database
+                    connection.execute(sa.text(f'ALTER DATABASE "{database}" SET statement_timeout = 30000'))
+                    connection.execute(sa.text(f'ALTER DATABASE "{database}" SET lock_timeout = 10000'))
+                direct.dispose()
+                _show_reconnect(bouncer.port)
+            # an engine of its own (engines are shared by URL): it reads the server's defaults anew
+            url = pooled.update_query_dict({"application_name": f"round-{number}"})
+            with send_context(example_settings(api_url=sandbox.base_url,
+                                               database_url=url.render_as_string(hide_password=False))) as ctx:
+                ctx.enqueuer = ListEnqueuer()
+                _handed_over_and_sent(ctx, f"pooled-{number}-0", f"patient-pooled-{number}")
+                intake.accept(parse_request(reminder(f"pooled-{number}-1", identifier=f"patient-pooled-{number}",
+                                                     phone="+15550418889")),
+                              sessions=ctx.sessions, settings=ctx.settings, enqueuer=ListEnqueuer())
+                with ctx.sessions() as session:
+                    notification = store.find_notification_by_event(session, f"pooled-{number}-1")
+                    assert notification is not None
+                    timeouts = (session.execute(sa.text("SHOW statement_timeout")).scalar_one(),
+                                session.execute(sa.text("SHOW lock_timeout")).scalar_one())
+                assert timeouts == ("30s", "10s")
+                before = proxy.round_trips
+                assert drive(ctx, notification.id)[-1].outcome is Outcome.ACCEPTED
+                counted.append(proxy.round_trips - before)
+    assert counted == [9, 3]
+
+
+def _show_reconnect(port: int) -> None:
+    """PgBouncer's RECONNECT: its server connections are replaced (they read the database's new
+    defaults) as each is released. Its admin console speaks the simple protocol only: psql."""
+    subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "pgbouncer", "-c", "RECONNECT"],
+                   capture_output=True, text=True, timeout=30, check=True)
