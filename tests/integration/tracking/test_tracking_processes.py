@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -21,9 +22,11 @@ import sqlalchemy as sa
 
 from dispatcher.api import WorkspaceClient
 from dispatcher.enqueue import CeleryEnqueuer
+from dispatcher.queues import TRACKING_SWEEP_TASK
 from dispatcher.service import Dispatcher
 from dispatcher.settings import Settings
 from dispatcher.store.migrate import upgrade_database
+from dispatcher.tracking.reconcile import DELIVERY_GRACE_S
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.ports import listens
 from tests.support.sandbox_process import SandboxProcess, free_port, running_sandbox
@@ -399,3 +402,56 @@ def test_reports_of_an_overwritten_delivery_that_came_while_the_store_was_away_s
                    what="delivered, from the handed-over reports")
         assert stack.status("away-late").fallback_decision is None
         assert _sms_messages_for(sandbox, "away-late") == 0
+
+
+def test_while_no_consumer_runs_each_unprocessed_delivery_keeps_one_task_in_the_queue(stack_factory: Any) -> None:
+    """Issue 47: with the consumers stopped, the tracking sweep used to publish every unprocessed
+    delivery again once it was DELIVERY_GRACE_S (30 s) old, and again each 30 s after, while its
+    first task still waited in the queue (100 deliveries, 262 queued tasks after a minute). The
+    real receiver, beat and a send worker (which runs the sweep, every second here) with no consumer;
+    the sweep's grace is the deployed one."""
+    with running_sandbox(BEHAVIOUR) as sandbox:
+        stack = stack_factory(sandbox, consumers=0)
+        enqueuer = CeleryEnqueuer(stack.group.env["DISPATCHER_BROKER_URL"])
+        try:
+            with httpx.Client(timeout=10) as client:
+                for number in range(100):
+                    body = json.dumps({"event": "message_updated", "id": 900000 + number, "status": "delivered",
+                                       "message_type": "outgoing", "conversation": {"id": 1}}).encode()
+                    assert _post_signed(client, stack, body, f"waiting-{number}") == 200
+            posted_at = time.monotonic()
+            assert enqueuer.outcome_queue_depth() == 100
+            # past the grace, five more sweeps: each would have published all 100 again under the old rule
+            wait_until(lambda: time.monotonic() - posted_at > DELIVERY_GRACE_S + 1, timeout_s=DELIVERY_GRACE_S + 10,
+                       what="the deliveries past the sweep's grace")
+            past_grace = _sweeps_finished(stack)
+            wait_until(lambda: _sweeps_finished(stack) >= past_grace + 5, timeout_s=60, what="five sweeps past the grace")
+            assert enqueuer.outcome_queue_depth() == 100
+            with stack.dispatcher.sessions() as session:
+                republished = session.execute(sa.text(
+                    "SELECT count(*) FROM webhook_deliveries WHERE republished_at IS NOT NULL")).scalar_one()
+            assert republished == 0
+            # and a consumer started now applies each once and empties the queue
+            stack.group.start_worker("consumer0", concurrency=2, queues="dispatcher.outcomes")
+            wait_until(lambda: enqueuer.outcome_queue_depth() == 0 and _unprocessed(stack) == 0, timeout_s=60,
+                       what="every delivery processed")
+        finally:
+            enqueuer.close()
+
+
+def _sweeps_finished(stack: Stack) -> int:
+    """The tracking sweeps the send worker has finished (Celery's INFO line of each task's end)."""
+    return len(re.findall(rf"Task {re.escape(TRACKING_SWEEP_TASK)}\[[^\]]+\] succeeded", stack.group.logs()))
+
+
+def _unprocessed(stack: Stack) -> int:
+    with stack.dispatcher.sessions() as session:
+        return int(session.execute(sa.text("SELECT count(*) FROM webhook_deliveries WHERE processed_at IS NULL")).scalar_one())
+
+
+def _post_signed(client: httpx.Client, stack: Stack, body: bytes, delivery_id: str) -> int:
+    timestamp = str(int(time.time()))
+    signature = hmac.new(stack.secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return client.post(stack.receiver_url, content=body, headers={
+        "Content-Type": "application/json", "X-Service-Delivery": delivery_id,
+        "X-Service-Timestamp": timestamp, "X-Service-Signature": f"sha256={signature}"}).status_code
