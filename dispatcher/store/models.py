@@ -150,7 +150,11 @@ class Attempt(Base):
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     in_flight_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    status_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Its last state change (acceptance, a delivery status, a failure), written only with ``state``.
+    # Indexed for the dashboard's trends of the last hour (docs/dashboard.md): a new attempt, and an
+    # update that changes the (indexed) state, never a HOT update, write one index entry more; the
+    # updates that leave the state (a try counted) stay HOT.
+    status_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
     next_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # reconciliation's next read; None: none
     last_read_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its status last read from the message list
     # The keyed digest of the first update without a failure its message was reported with: a

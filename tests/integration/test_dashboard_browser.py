@@ -1,8 +1,9 @@
 """The operators' dashboard in a real browser: Playwright drives Debian's chromium over the
 dashboard served as a process (``dispatcher dashboard``), on a store filled by the real send path
 against the sandbox process. The page loads behind the operator token, the filters narrow the
-list, the timeline of a notification that fell back shows every step, the cancel action works,
-and no page shows the contents or phone numbers the test sent."""
+list, the overview draws the last hour's trends with what the test handed over, the timeline of a
+notification that fell back shows every step, the cancel action works, and no page shows the
+contents or phone numbers the test sent."""
 
 from __future__ import annotations
 
@@ -124,6 +125,11 @@ def _shows_nothing_sent(page: Page, filled: Store) -> None:
     assert not leaked, leaked
 
 
+def _counted(titles: list[str]) -> int:
+    """The sum of the counts a chart's points give in their titles ("11:04 UTC: sent 2")."""
+    return sum(int(title.rsplit(" ", 1)[1]) for title in titles)
+
+
 def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: Store, tmp_path: Path) -> None:
     # Without the operator token nothing is shown, and a form from elsewhere is refused
     assert httpx.get(f"{dashboard}/notifications").status_code == 401
@@ -140,6 +146,26 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     assert "not_found_after_unknown_outcome" in page.locator("#errors").inner_text()
     assert page.get_by_role("link", name="Workers in Flower").get_attribute("href") == "http://127.0.0.1:5555"
     _shows_nothing_sent(page, filled)
+
+    # The last hour's trends, drawn on the server: five handed over, three messages accepted (the
+    # fallback and the two sent), one settled (the failed one), four not ended (those three and the
+    # scheduled one); a point per minute with its count, and the one failure's latency on its route
+    assert page.locator("#trends svg[role=img]").count() == 3
+    rates = page.get_by_role("img", name="Handed over, sent and settled per minute")
+    assert [series.get_attribute("data-series") for series in rates.locator("g.series").all()] \
+        == ["handed over", "sent", "settled"]
+    assert {"handed over: 5", "sent: 3", "settled: 1"} <= set(rates.locator("g.legend text").all_text_contents())
+    assert {name: _counted(rates.locator(f"g[data-series='{name}'] circle title").all_text_contents())
+            for name in ("handed over", "sent", "settled")} == {"handed over": 5, "sent": 3, "settled": 1}
+    backlog = page.get_by_role("img", name="Backlog: handed over and not ended")
+    assert backlog.locator("g.legend text").text_content() == "backlog now: 4"
+    latency = page.get_by_role("img", name="Settle latency by route, p50 and p99")
+    assert [route.get_attribute("data-route") for route in latency.locator("g.route").all()] == ["sms"]
+    trends_markup = page.locator("#trends").inner_html()
+    assert "<script" not in trends_markup and not [value for value in filled.sent if value in trends_markup]
+    page.screenshot(path=str(tmp_path / "dashboard-trends.png"), full_page=True)
+    if os.environ.get("DISPATCHER_TEST_TRENDS_SCREENSHOT"):  # docs/dashboard-trends.png is made this way
+        shutil.copy(tmp_path / "dashboard-trends.png", os.environ["DISPATCHER_TEST_TRENDS_SCREENSHOT"])
 
     # The filters narrow the list
     page.goto("/notifications")
@@ -178,3 +204,4 @@ def test_the_dashboard_in_a_browser(dashboard: str, browser: Browser, filled: St
     assert page.locator("#cancel").count() == 0
     _shows_nothing_sent(page, filled)
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+    assert (tmp_path / "dashboard-trends.png").stat().st_size > 10_000

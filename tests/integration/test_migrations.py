@@ -40,7 +40,7 @@ def test_postgres_schema_matches_the_models(fresh_postgres_url: str) -> None:
     try:
         with engine.connect() as connection:
             version = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
-        assert version == "0021"
+        assert version == "0022"
     finally:
         engine.dispose()
 

@@ -1,6 +1,7 @@
 """The dashboard's pages without a browser: the operator token guards every page and action, a
-filter that is not one is answered 400 naming it, forms from elsewhere are refused, the command
-refuses to start without a token, and a timeline keeps the order of one instant's steps."""
+filter that is not one is answered 400 naming it, the overview draws the last hour, forms from
+elsewhere are refused, the command refuses to start without a token, and a timeline keeps the
+order of one instant's steps."""
 
 from __future__ import annotations
 
@@ -54,6 +55,16 @@ def test_the_overview_shows_the_paused_workspace(dashboard: tuple[TestClient, Di
     assert "north</td>" not in page.text  # its breaker is closed
     assert 'data-state="queued"' in page.text and PHONE not in page.text
     assert page.headers["cache-control"] == "no-store" and "script-src" not in page.headers["content-security-policy"]
+
+
+def test_the_overview_draws_the_last_hour(dashboard: tuple[TestClient, Dispatcher]) -> None:
+    client, dispatcher = dashboard
+    assert client.get("/", auth=("operator", TOKEN)).text.count('class="nothing"') == 3  # an empty store: all three
+    dispatcher.notify(reminder("dash-unit-trend", identifier="p-3", phone=PHONE))
+    page = client.get("/", auth=("operator", TOKEN)).text
+    assert 'id="trend-rates"' in page and "handed over: 1" in page and "backlog now: 1" in page
+    assert page.count('class="nothing"') == 1  # nothing settled: no latency yet
+    assert PHONE not in page and "<script" not in page
 
 
 def test_a_filter_that_is_not_one_is_answered_400_naming_it(dashboard: tuple[TestClient, Dispatcher]) -> None:

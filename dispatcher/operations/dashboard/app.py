@@ -1,7 +1,8 @@
 """The operators' dashboard: server-rendered pages (Jinja2, no JavaScript) over the store.
 
-- ``/``: counts by state and by error kind over the last hour, day and week; what is set aside;
-  which workspaces the circuit breaker holds; a link to Flower.
+- ``/``: counts by state and by error kind over the last hour, day and week; the last hour's
+  trends drawn as SVG (charts.py); what is set aside; which workspaces the circuit breaker holds;
+  a link to Flower.
 - ``/notifications``: the list, filtered by state, route, workspace, error kind, time and event
   ID, newest first, page by page.
 - ``/notification?event=<event_id>``: one notification's record and timeline, with the actions
@@ -39,8 +40,10 @@ from starlette.templating import Jinja2Templates
 
 from dispatcher.errors import ConfigurationError, DispatcherError, TooLate, UnknownNotification
 from dispatcher.lifecycle import overview as reads
+from dispatcher.lifecycle import trends
 from dispatcher.lifecycle.moves import SET_ASIDE_KINDS
 from dispatcher.lifecycle.states import NotificationState
+from dispatcher.operations.dashboard.charts import TrendCharts, draw_trends
 from dispatcher.operations.since import parse_since
 from dispatcher.policy.breaker import Breaker
 from dispatcher.store import queries as store
@@ -106,9 +109,10 @@ def create_dashboard_app(dispatcher: Dispatcher, *, token: SecretStr | str | Non
         return endpoint
 
     async def home(request: Request) -> Response:
-        def read() -> reads.Overview:
+        def read() -> tuple[reads.Overview, TrendCharts]:
+            now = datetime.now(UTC)
             with dispatcher.sessions() as session:
-                return reads.overview(session, now=datetime.now(UTC))
+                return reads.overview(session, now=now), draw_trends(trends.trends(session, now=now))
         def held() -> list[reads.PausedWorkspace] | str:
             """The paused workspaces, or why they cannot be told."""
             if breakers is None:
@@ -119,7 +123,8 @@ def create_dashboard_app(dispatcher: Dispatcher, *, token: SecretStr | str | Non
                 return f"unknown: Redis did not answer ({type(error).__name__})"
             return [reads.PausedWorkspace(name, pause.reason, pause.detail, datetime.fromtimestamp(pause.until, UTC))
                     for name, pause in pauses if pause is not None]
-        return page(request, "overview.html", {"overview": await run_in_threadpool(read),
+        overview, charts = await run_in_threadpool(read)
+        return page(request, "overview.html", {"overview": overview, "trends": charts,
                                                "windows": [name for name, _ in reads.ERROR_WINDOWS],
                                                "paused": await run_in_threadpool(held)})
 
