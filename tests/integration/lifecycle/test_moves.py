@@ -603,3 +603,46 @@ def test_an_opt_out_found_by_a_run_never_ends_a_notification_that_ended_meanwhil
                             detail="the recipient opted out", now=NOW, seen_claims=0)
     ended = notification_of(sessions, notification_id)
     assert (ended.state, ended.error_kind, ended.fallback_decision) == (N.CANCELLED, None, None)
+
+
+LATER = NOW + timedelta(minutes=1)
+
+
+def _updated_at(sessions: sessionmaker[Session], notification_id: int, attempt_id: int) -> tuple[datetime, datetime]:
+    with sessions() as session:
+        notification, attempt = session.get(Notification, notification_id), session.get(Attempt, attempt_id)
+        assert notification is not None and attempt is not None
+        return notification.updated_at, attempt.updated_at
+
+
+@pytest.mark.parametrize("move, row", [
+    ("count_try", "attempt"), ("release", "attempt"), ("mark_unknown", "attempt"), ("re_resolve", "attempt"),
+    ("fail_attempt", "attempt"), ("set_aside", "notification"), ("retry_set_aside", "notification"),
+    ("end_failed", "notification"),
+])
+def test_each_move_stamps_the_row_it_changes_with_its_time(sessions: sessionmaker[Session], move: str, row: str) -> None:
+    """``updated_at`` is when a reader last saw the row change (the dashboard's, the sweeps' "quiet
+    since"): each move writes its own ``now``, not the row's old time, nor the clock's."""
+    in_flight = move in ("release", "mark_unknown", "re_resolve", "fail_attempt")
+    notification_id, [attempt_id] = put(sessions, N.SENDING if in_flight else N.QUEUED,
+                                        A.IN_FLIGHT if in_flight else A.QUEUED, lease_until=LATER if in_flight else None)
+    if move == "retry_set_aside":
+        with sessions.begin() as session:
+            assert moves.set_aside(session, notification_id=notification_id, detail="its task kept dying", now=NOW)
+    calls = {
+        "count_try": lambda s: moves.count_try(s, attempt_id=attempt_id, now=LATER, max_tries=5) == 2,
+        "release": lambda s: moves.release(s, attempt_id=attempt_id, seen_claims=0, now=LATER),
+        "mark_unknown": lambda s: moves.mark_unknown(s, attempt_id=attempt_id, seen_claims=0, now=LATER),
+        "re_resolve": lambda s: moves.re_resolve(s, attempt_id=attempt_id, seen_claims=0, now=LATER),
+        "fail_attempt": lambda s: moves.fail_attempt(s, notification_id=notification_id, attempt_id=attempt_id,
+                                                     seen_claims=0, error_kind="rejected", detail="422", now=LATER),
+        "set_aside": lambda s: moves.set_aside(s, notification_id=notification_id, detail="its task kept dying",
+                                               now=LATER),
+        "retry_set_aside": lambda s: moves.retry_set_aside(s, notification_id=notification_id, now=LATER),
+        "end_failed": lambda s: moves.end_failed(s, notification_id=notification_id, error_kind="rejected",
+                                                 detail="422", now=LATER),
+    }
+    with sessions.begin() as session:
+        assert calls[move](session)
+    notification_at, attempt_at = _updated_at(sessions, notification_id, attempt_id)
+    assert (notification_at if row == "notification" else attempt_at) == LATER
