@@ -129,6 +129,13 @@ class OptOuts(Body):
     marketing_opted_out: bool | None = None
 
 
+class RevokeToken(Body):
+    """``POST /_sandbox/tokens/revoke``: the workspace's admin revokes an API access token (it
+    answers 401 from then on, as a revoked or regenerated token does)."""
+
+    token: str = Field(min_length=1)
+
+
 class Incoming(Body):
     """``POST /_sandbox/incoming``: a customer's message, ``age_s`` seconds ago, in a conversation
     (its display id) or on a contact/inbox pair."""

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandbox import shapes
-from sandbox.bodies import Incoming, OptOuts, describe_errors
+from sandbox.bodies import Incoming, OptOuts, RevokeToken, describe_errors
 from sandbox.records import NotFound
 from sandbox.responses import HttpError, int_query, json_error, parse_body
 from sandbox.runtime import Sandbox
@@ -129,6 +129,20 @@ async def opt_outs(request: Request) -> Response:
                          "marketing_opted_out": contact.marketing_opted_out})
 
 
+async def revoke_token(request: Request) -> Response:
+    """Revoke an API access token, as the workspace's admin does: every call with it answers 401
+    until ``/_sandbox/reset`` or a restart (the configured tokens are not journaled). The answer
+    names no token."""
+    sandbox = _sandbox(request)
+    try:
+        body = await parse_body(request, RevokeToken)
+    except HttpError as exc:
+        return json_error(exc.status, exc.message, **exc.extra)
+    if sandbox.store.token_accounts.pop(body.token, None) is None:
+        return json_error(404, "no such token")
+    return JSONResponse({"revoked": True})
+
+
 async def reset(request: Request) -> Response:
     _sandbox(request).reset()
     return JSONResponse({"status": "reset"})
@@ -141,5 +155,6 @@ routes = [
     Route("/_sandbox/faults", faults, methods=["GET", "PUT"]),
     Route("/_sandbox/incoming", incoming, methods=["POST"]),
     Route("/_sandbox/opt-outs", opt_outs, methods=["POST"]),
+    Route("/_sandbox/tokens/revoke", revoke_token, methods=["POST"]),
     Route("/_sandbox/reset", reset, methods=["POST"]),
 ]

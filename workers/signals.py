@@ -60,9 +60,10 @@ def _serve_metrics(**_: object) -> None:
 
     settings = runtime.settings()
     if settings.metrics_port is not None:
-        from dispatcher.metrics import serve_worker_metrics
+        from dispatcher.metrics import deployment_collectors, serve_worker_metrics
 
-        serve_worker_metrics(settings.metrics_port, host=settings.metrics_host, sessions=runtime.send_context().sessions)
+        serve_worker_metrics(settings.metrics_port, host=settings.metrics_host, sessions=runtime.send_context().sessions,
+                             collectors=deployment_collectors(settings))
 
 
 @worker_process_shutdown.connect

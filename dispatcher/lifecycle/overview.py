@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher.lifecycle.moves import CRASH_LOOP, SET_ASIDE_KINDS
 from dispatcher.store import queries as store
-from dispatcher.store.models import AppliedStatus, Attempt, Callback, Notification, WebhookDelivery
+from dispatcher.store.models import AppliedStatus, Attempt, Callback, CallbackEndpoint, Notification, WebhookDelivery
 
 ERROR_WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)), ("last week", timedelta(days=7)))
 TIMELINE_DELIVERIES = 200  # webhook deliveries shown for one notification's messages, oldest first
@@ -76,6 +76,7 @@ class StateCounts:
     by_state: list[tuple[str, int]]
     crash_loops: int
     deliveries_set_aside: int
+    callback_urls_paused: int
 
 
 def state_counts(session: Session) -> StateCounts:
@@ -84,8 +85,10 @@ def state_counts(session: Session) -> StateCounts:
                                  .where(Notification.error_kind == CRASH_LOOP)) or 0
     deliveries = session.scalar(select(func.count()).select_from(WebhookDelivery)
                                 .where(WebhookDelivery.outcome == store.SET_ASIDE)) or 0
+    paused = session.scalar(select(func.count()).select_from(CallbackEndpoint)
+                            .where(CallbackEndpoint.paused_at.is_not(None))) or 0
     return StateCounts(by_state=[(state, count) for state, count in by_state], crash_loops=crash_loops,
-                       deliveries_set_aside=deliveries)
+                       deliveries_set_aside=deliveries, callback_urls_paused=paused)
 
 
 def set_aside_notifications(session: Session, *, limit: int = 200) -> list[Notification]:

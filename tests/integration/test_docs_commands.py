@@ -1,6 +1,6 @@
 """Every shell example in docs/ works as written, or is named here with why it is not run.
 
-Each block runs in a scratch folder that links the checkout's config/, docs/ and .venv (so the
+Each block runs in a scratch folder that links the checkout's config/, deploy/, docs/ and .venv (so the
 embedded store and broker under ./var/ are new), with .venv/bin first on PATH, as for a user who
 activated the venv. A server a block starts listens on a free port instead of the one written
 (8080, 8090): the commands stay as written. A docs block this test does not know fails it, so a
@@ -62,6 +62,8 @@ def _known(doc: str, block: str) -> str:
                 return "not run"
         if block.startswith("dispatcher list"):
             return "operator commands"
+        if block.startswith(("promtool", "prometheus --config.file")):
+            return "prometheus"
     known = {("callbacks.md", "dispatcher callbacks list"): "callbacks",
              ("notifications.md", "dispatcher notify"): "hand-over",
              ("notifications.md", "dispatcher reschedule"): "reschedule and cancel",
@@ -89,7 +91,7 @@ def _blocks(doc: str, start: str) -> list[str]:
 
 @pytest.fixture()
 def workdir(tmp_path: Path) -> Path:
-    for name in ("config", "docs"):
+    for name in ("config", "deploy", "docs"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     return tmp_path
@@ -221,3 +223,17 @@ def test_the_dashboard_example(workdir: Path, server: Start) -> None:
     assert token is not None
     assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 401
     assert httpx.get(f"http://127.0.0.1:{port}/", auth=("operator", token[1])).status_code == 200
+
+
+def test_the_prometheus_examples(workdir: Path, server: Start) -> None:
+    [checks] = _blocks("operations.md", "promtool")
+    for line in _lines(checks):
+        result = _run(line, workdir, _environment())
+        assert result.returncode == 0 and "SUCCESS" in result.stdout, (line, result.stdout, result.stderr)
+    port = free_port()
+    [running] = _blocks("operations.md", "prometheus --config.file")
+    command = " ".join(_lines(running)).replace("127.0.0.1:9090", f"127.0.0.1:{port}")
+    server(command, _environment(), ready=f"http://127.0.0.1:{port}/-/ready")
+    groups = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    assert len([rule for group in groups for rule in group["rules"]]) == 7  # the shipped rules, loaded
+    assert (workdir / "var" / "prometheus").is_dir()  # its data where the docs say

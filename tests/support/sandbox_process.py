@@ -129,6 +129,11 @@ class SandboxProcess:
         """Back to the seed: data, counters and faults as configured at start."""
         return self._json(self.client.post("/_sandbox/reset"))
 
+    def revoke_token(self, token: str | None = None) -> dict[str, Any]:
+        """Revoke an API token (the default account's unless another is named): the workspace answers
+        401 to it until :meth:`reset`."""
+        return self._json(self.client.post("/_sandbox/tokens/revoke", json={"token": token or self.token}))
+
     def incoming(
         self,
         *,

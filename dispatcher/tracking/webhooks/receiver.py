@@ -50,7 +50,7 @@ from starlette.routing import Route
 from dispatcher import tracing
 from dispatcher.errors import WebhookRejected
 from dispatcher.http_framing import RefuseDoubleFraming
-from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, render
+from dispatcher.metrics import CONTENT_TYPE_LATEST, WEBHOOK_VERDICTS, NotificationStates, deployment_collectors, render
 from dispatcher.recipients.keywords import vocabulary
 from dispatcher.settings import Settings, load_settings
 from dispatcher.store.db import UNSTORABLE_TEXT, session_factory, shared_engine, takes_writes
@@ -157,11 +157,13 @@ def create_receiver_app(settings: Settings, *, sessions: sessionmaker[Session] |
                         media_type="application/json")
 
     states = NotificationStates(store)
+    deployment = deployment_collectors(settings)
 
     async def metrics(request: Request) -> Response:
-        """This process's metrics always; the store's counts only when it answers in time."""
+        """This process's metrics always; the store's counts and the breakers' states only when
+        they answer in time."""
         try:
-            body = await asyncio.wait_for(run_in_threadpool(render, states), timeout=READY_CHECK_TIMEOUT_S)
+            body = await asyncio.wait_for(run_in_threadpool(render, states, *deployment), timeout=READY_CHECK_TIMEOUT_S)
         except TimeoutError:
             body = await run_in_threadpool(render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

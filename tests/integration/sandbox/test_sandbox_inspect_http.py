@@ -52,6 +52,18 @@ def test_reset_returns_to_the_seed(api: Api, sandbox: SandboxProcess) -> None:
     assert again["contact"]["id"] == 1  # ids start again too
 
 
+def test_a_revoked_token_is_refused_until_reset(api: Api, sandbox: SandboxProcess) -> None:
+    assert api.get("/inboxes").status_code == 200
+    assert sandbox.revoke_token() == {"revoked": True}
+    refused = api.get("/inboxes")
+    assert (refused.status_code, refused.json()) == (401, {"error": "Invalid Access Token"})
+    again = sandbox.client.post("/_sandbox/tokens/revoke", json={"token": sandbox.token})
+    assert again.status_code == 404 and sandbox.token not in again.text  # the answer never echoes a token
+    assert sandbox.client.post("/_sandbox/tokens/revoke", json={}).status_code == 422
+    sandbox.reset()
+    assert api.get("/inboxes").status_code == 200
+
+
 def test_incoming_refuses_unknown_contact_and_validates(sandbox: SandboxProcess) -> None:
     unknown = sandbox.client.post("/_sandbox/incoming", json={"contact_id": 99, "inbox_id": 1})
     invalid = sandbox.client.post("/_sandbox/incoming", json={"inbox_id": 1})
