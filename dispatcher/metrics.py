@@ -23,7 +23,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 if TYPE_CHECKING:
-    from dispatcher.lifecycle.settles import Settled
     from dispatcher.policy.breaker import Breaker
     from dispatcher.settings import Route, Settings
 
@@ -46,24 +45,19 @@ RECIPIENT_REFUSALS = Counter("dispatcher_recipient_refusals_total",
                              "Notifications ended unsent because the recipient opted out or gave no consent.", ["reason"])
 OPT_OUTS = Counter("dispatcher_opt_outs_total", "Opt-outs and opt-ins recorded, by source.", ["change", "source"])
 # Around the routes' delivery deadlines (900 s by default) and well past them: an alert compares
-# the p99 with each route's deadline.
-SETTLE_LATENCY = Histogram(
-    "dispatcher_settle_latency_seconds",
-    "From when a notification was due (its hand-over, or its send_at) to its settling: delivered, read or failed; by route.",
+# the p99 with each route's deadline, which counts from the same moment (the acceptance).
+DELIVERY_LATENCY = Histogram(
+    "dispatcher_delivery_latency_seconds",
+    "From the workspace accepting a message to its first report of delivered or read, by the attempt's route.",
     ["route"],
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 21600, 86400),
 )
 
 __all__ = [
     "API_ERRORS", "CONTENT_TYPE_LATEST", "FALLBACK_DECISIONS", "OPT_OUTS", "OUTCOMES", "RECIPIENT_REFUSALS", "SEND_LATENCY", "SEND_RESULTS",
-    "SETTLE_LATENCY", "WEBHOOK_VERDICTS", "NotificationStates", "RouteDeadlines", "WorkspaceBreakers", "deployment_collectors",
-    "observe_settle", "render", "serve_worker_metrics",
+    "DELIVERY_LATENCY", "WEBHOOK_VERDICTS", "NotificationStates", "RouteDeadlines", "WorkspaceBreakers", "deployment_collectors",
+    "render", "serve_worker_metrics",
 ]
-
-
-def observe_settle(settled: Settled) -> None:
-    """A notification settled (:mod:`dispatcher.lifecycle.settles`, after its commit)."""
-    SETTLE_LATENCY.labels(route=settled.route).observe(settled.seconds)
 
 
 class NotificationStates(Collector):

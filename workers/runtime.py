@@ -9,8 +9,6 @@ import httpx
 from dispatcher.api import WorkspaceClient
 from dispatcher.context import InboxDirectory, SendContext, make_breaker, make_limiter, retry_plan_of
 from dispatcher.enqueue import CeleryEnqueuer
-from dispatcher.lifecycle.settles import measure_settles
-from dispatcher.metrics import observe_settle
 from dispatcher.settings import DEFAULT_WORKSPACE, Settings, load_settings
 from dispatcher.store import queries as store
 from dispatcher.store.db import session_factory, shared_engine
@@ -72,13 +70,10 @@ def workspace_of(table: str, row_id: int) -> str:
 
 def _build(loaded: Settings) -> SendContext:
     api = WorkspaceClient.from_settings(loaded)
-    sessions = session_factory(shared_engine(loaded.database_url), announce=loaded.callbacks_on)
-    if loaded.metrics_port is not None:  # where metrics are served: the settle latency by route
-        measure_settles(sessions, observe_settle)
     return SendContext(
         settings=loaded,
         api=api,
-        sessions=sessions,
+        sessions=session_factory(shared_engine(loaded.database_url), announce=loaded.callbacks_on),
         limiter=make_limiter(loaded),
         inboxes=InboxDirectory(api.list_inboxes),
         plan=retry_plan_of(loaded),

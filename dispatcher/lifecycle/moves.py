@@ -22,7 +22,6 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from dispatcher.lifecycle import settles
 from dispatcher.lifecycle.announce import announce
 from dispatcher.lifecycle.states import (
     SENDABLE_NOTIFICATION_STATES,
@@ -637,8 +636,6 @@ def accept(session: Session, *, notification_id: int, attempt_id: int, message_i
     if row is None:
         return None
     announce(session, notification_id, now=now)
-    if state in settles.SETTLED_BY_OUTCOME:  # an adopted message found delivered already
-        settles.note(session, notification_id, now=now)
     return Accepted(inbox_id=row.inbox_id, channel=row.channel, conversation_id=row.conversation_id)
 
 
@@ -729,8 +726,6 @@ def record_outcome(session: Session, *, notification_id: int, attempt_id: int, a
             return False
         session.execute(statements.mirror, mirroring)
     announce(session, notification_id, now=now)  # nothing when the notification did not follow (not its current attempt)
-    if settles.settles_now(current, new):
-        settles.note(session, notification_id, now=now)
     return True
 
 
@@ -808,8 +803,6 @@ def _record_kind(session: Session, new: AttemptState, kind: list[OutcomeMove], *
         for move in kind])
     for move in kind:
         announce(session, move.notification_id, now=now)  # nothing when the notification did not follow
-        if settles.settles_now(move.current, new):
-            settles.note(session, move.notification_id, now=now)
 
 
 @dataclass(frozen=True)
@@ -911,8 +904,6 @@ def decide_fallback(session: Session, *, notification_id: int, decision: Fallbac
                      route=decision.fallback_route, channel=decision.fallback_channel, now=now)
     if number is not None:  # after the fallback's attempt exists: the event names it and its channel
         announce(session, notification_id, now=now)
-        if end == NotificationState.FAILED:
-            settles.note(session, notification_id, now=now)
     return number is not None
 
 
@@ -950,7 +941,6 @@ def end_failed(session: Session, *, notification_id: int, error_kind: str, detai
     ))
     if won:
         announce(session, notification_id, now=now)
-        settles.note(session, notification_id, now=now)
     return won
 
 
@@ -981,7 +971,6 @@ def end_opted_out(session: Session, *, notification_id: int, attempt_id: int, er
                 fallback_decided_at=func.coalesce(NOTIFICATIONS.c.fallback_decided_at, now))
     )
     announce(session, notification_id, now=now)
-    settles.note(session, notification_id, now=now)
     return True
 
 

@@ -561,13 +561,14 @@ class OutcomeAttempt:
     purpose: str
     accepted_at: datetime | None
     channel: str  # what the read-back plan asks: does this channel ever report read?
+    route: str  # the delivery latency's label (metrics.DELIVERY_LATENCY)
 
 
 # By message ID: a consumer locks the attempts of a group's messages in the same order as every
 # other (PostgreSQL locks the rows as the sorted rows come out), so two never wait on each other.
 _ATTEMPTS_OF_MESSAGES = select(
     ATTEMPTS.c.message_id, ATTEMPTS.c.id, ATTEMPTS.c.notification_id, ATTEMPTS.c.number, ATTEMPTS.c.state,
-    ATTEMPTS.c.purpose, ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel,
+    ATTEMPTS.c.purpose, ATTEMPTS.c.accepted_at, ATTEMPTS.c.channel, ATTEMPTS.c.route,
 ).where(ATTEMPTS.c.workspace == bindparam("workspace"),
         ATTEMPTS.c.message_id.in_(bindparam("message_ids", expanding=True))).order_by(ATTEMPTS.c.message_id)
 _ATTEMPTS_OF_MESSAGES_LOCKED = _ATTEMPTS_OF_MESSAGES.with_for_update()
@@ -645,14 +646,14 @@ def lock_attempts_and_record_statuses(session: Session, workspace: str, message_
     new: set[tuple[int, str]] = set()
     for row in rows:
         attempts[row.message_id] = OutcomeAttempt(row.id, row.notification_id, row.number, row.state, row.purpose,
-                                                  row.accepted_at, row.channel)
+                                                  row.accepted_at, row.channel, row.route)
         new.update((row.message_id, status) for status in row.new_statuses)
     return attempts, new
 
 
 _LOCK_AND_RECORD = text(
     "WITH locked AS ("
-    " SELECT message_id, id, notification_id, number, state, purpose, accepted_at, channel"
+    " SELECT message_id, id, notification_id, number, state, purpose, accepted_at, channel, route"
     f" FROM {ATTEMPTS.name} WHERE workspace = :workspace AND message_id = ANY(:message_ids)"
     " ORDER BY message_id FOR UPDATE),"
     " recorded AS ("
@@ -665,7 +666,7 @@ _LOCK_AND_RECORD = text(
     " AS new_statuses FROM locked ORDER BY locked.message_id"
 ).bindparams(bindparam("applied_at", type_=table_of(AppliedStatus).c.applied_at.type)).columns(
     *(ATTEMPTS.c[name] for name in ("message_id", "id", "notification_id", "number", "state", "purpose", "accepted_at",
-                                    "channel")))
+                                    "channel", "route")))
 
 
 def open_service_window(session: Session, *, account: Account, contact_id: int, inbox_id: int, at: datetime) -> None:

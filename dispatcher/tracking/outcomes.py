@@ -289,6 +289,7 @@ def apply_outcome(outcome: Outcome, ctx: SendContext, enqueuer: Enqueuer | None,
         group = read_group(session, [outcome], ctx)  # a group of one: the same statements, one path
         applied = apply_in(session, outcome, ctx, group, mark_processed=mark_processed)
         finish_group(session, group, ctx)
+    observe_deliveries(group)
     return follow_up(outcome, applied, ctx, enqueuer)
 
 
@@ -319,6 +320,9 @@ class GroupRead:
     new_statuses: set[tuple[int, str]]  # (message, status) recorded now: the first outcome to claim one applies it
     moves: list[moves.OutcomeMove] = field(default_factory=list)  # the attempts' moves, recorded at the end
     drops: list[tuple[int, int]] = field(default_factory=list)  # (notification, attempt number), at the end
+    # (route, seconds from acceptance) of each message this group first moved to delivered or read:
+    # told to the metrics once the transaction committed (observe_deliveries)
+    delivered: list[tuple[str, float]] = field(default_factory=list)
 
 
 def read_group(session: Session, outcomes: Sequence[Outcome], ctx: SendContext) -> GroupRead:
@@ -328,6 +332,14 @@ def read_group(session: Session, outcomes: Sequence[Outcome], ctx: SendContext) 
         session, ctx.settings.workspace_name, [outcome.message_id for outcome in outcomes],
         [(outcome.message_id, outcome.status) for outcome in outcomes if outcome.status is not None])
     return GroupRead(attempts, new_statuses)
+
+
+def observe_deliveries(group: GroupRead) -> None:
+    """After the group's transaction committed: each message it first found delivered or read, in
+    the delivery latency by route (from what the group read anyway: no statement of its own)."""
+    for route, seconds in group.delivered:
+        metrics.DELIVERY_LATENCY.labels(route=route).observe(seconds)
+    group.delivered.clear()
 
 
 def finish_group(session: Session, group: GroupRead, ctx: SendContext) -> None:
@@ -424,6 +436,8 @@ def _move(session: Session, outcome: Outcome, attempt: store.OutcomeAttempt, cur
     if new in (AttemptState.DELIVERED, AttemptState.READ):
         # delivered: no other attempt can be needed any more (when it is the current one)
         group.drops.append((attempt.notification_id, attempt.number))
+        if current not in (AttemptState.DELIVERED, AttemptState.READ) and attempt.accepted_at is not None:
+            group.delivered.append((attempt.route, max((now - attempt.accepted_at).total_seconds(), 0.0)))
     return True
 
 

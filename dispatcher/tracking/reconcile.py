@@ -282,6 +282,7 @@ def _apply_together(outcomes: dict[int, tracking.Outcome], ctx: SendContext, enq
                     done[row_id] = applied.word
             tracking.finish_group(session, group, ctx)
             store.mark_deliveries_processed(session, done, now=ctx.clock())
+        tracking.observe_deliveries(group)
     except (OperationalError, InterfaceError):
         raise
     except Exception as error:

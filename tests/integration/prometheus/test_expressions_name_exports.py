@@ -106,7 +106,7 @@ def _collected(folder: Path) -> Iterator[Metric]:
 
 def test_the_catalogue_holds_what_the_alerts_need(exported: dict[str, frozenset[str]]) -> None:
     assert exported["dispatcher_workspace_paused"] == {"workspace", "reason"}
-    assert exported["dispatcher_settle_latency_seconds_bucket"] == {"route", "le"}
+    assert exported["dispatcher_delivery_latency_seconds_bucket"] == {"route", "le"}
     assert exported["dispatcher_route_delivery_deadline_seconds"] == {"route"}
     assert exported["dispatcher_notifications"] == {"state"}
     assert exported["dispatcher_send_results_total"] == {"result"}
