@@ -126,7 +126,7 @@ class WorkspaceBreakers(Collector):
 
 class RouteDeadlines(Collector):
     """``dispatcher_route_delivery_deadline_seconds{route}``: each configured route's
-    ``delivery_deadline_s``, so a rule compares the settle latency's p99 with it."""
+    ``delivery_deadline_s``, so a rule compares the delivery latency's p99 with it."""
 
     def __init__(self, routes: Mapping[str, Route]) -> None:
         self._routes = routes
