@@ -24,6 +24,7 @@ from dispatcher.lifecycle import moves
 from dispatcher.service import Dispatcher
 from dispatcher.store.db import make_engine, session_factory
 from dispatcher.store.migrate import upgrade_database
+from tests.integration.tracking.test_tracking_processes import BEHAVIOUR
 from tests.support.dispatcher_setup import example_settings, reminder
 from tests.support.pgbouncer import SERVER_POOL_SIZE, PrivatePgBouncer, private_pgbouncer
 from tests.support.ports import listens
@@ -32,12 +33,6 @@ from tests.support.worker_process import dispatcher_environment, fresh_broker_ur
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-BEHAVIOUR = """
-[behaviour]
-delivered_after_s = 0.2
-read_after_s = 0.3
-failed_after_s = 0.1
-"""
 
 
 @pytest.fixture()

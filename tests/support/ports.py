@@ -8,6 +8,8 @@ process listens on.
 
 from __future__ import annotations
 
+import subprocess
+
 import psutil
 
 
@@ -22,3 +24,14 @@ def listens(pid: int, port: int) -> bool:
     except psutil.Error:
         return False
     return False
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a server of a test's own, stopped at its end."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)

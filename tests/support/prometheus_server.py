@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import yaml  # type: ignore[import-untyped]
 
-from tests.support.ports import listens
+from tests.support.ports import listens, stop
 from tests.support.sandbox_process import free_port
 
 STARTUP_TIMEOUT_S = 30.0
@@ -94,13 +94,13 @@ def running_prometheus(jobs: Mapping[str, Sequence[str]], *, rule_files: Sequenc
         server = PrometheusProcess(process, f"http://127.0.0.1:{port}", log_path)
         if _ready(server, port):
             break
-        _stop(process)
+        stop(process)
     else:
         raise AssertionError(f"Prometheus did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
     try:
         yield server
     finally:
-        _stop(process)
+        stop(process)
 
 
 def _ready(server: PrometheusProcess, port: int) -> bool:
@@ -115,11 +115,3 @@ def _ready(server: PrometheusProcess, port: int) -> bool:
     return False
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from dispatcher.store.migrate import upgrade_database
 from tests.conftest import REPO_ROOT
-from tests.support.ports import listens
+from tests.support.ports import listens, stop
 from tests.support.sandbox_process import free_port
 from tests.support.worker_process import dispatcher_environment, fresh_broker_url, wait_until
 
@@ -99,7 +99,7 @@ def _start(env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes]
         try:
             wait_until(lambda: _healthy(base_url, process), timeout_s=20.0, what="the intake's /healthz")
         except AssertionError:
-            _stop(process)
+            stop(process)
             continue
         return process, base_url
     pytest.fail(f"the intake did not start: {log_path.read_text(errors='replace')[-2000:]}")
@@ -115,14 +115,6 @@ def _healthy(base_url: str, process: subprocess.Popen[bytes]) -> bool:
     return answered and listens(process.pid, int(base_url.rsplit(":", 1)[1]))  # its own answer
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
 
 
 @contextlib.contextmanager
@@ -138,7 +130,7 @@ def running_intake(tmp_path: Path, database_url: str, redis_url: str, **override
     try:
         yield Intake(base_url, engine, broker, process, log_path)
     finally:
-        _stop(process)
+        stop(process)
         engine.dispose()
         broker.flushdb()
         broker.close()
