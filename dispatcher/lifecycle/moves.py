@@ -34,7 +34,7 @@ from dispatcher.lifecycle.states import (
 from dispatcher.lifecycle.table import MOVES, NEW, UNDELIVERED_ATTEMPT, Side
 from dispatcher.store.account import Account
 from dispatcher.store.built_once import built_once
-from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert, through_a_transaction_pooler
+from dispatcher.store.db import ANNOUNCE_KEY, BoundCondition, dialect_insert, only_a_transaction_carries_the_timeouts
 from dispatcher.store.models import Attempt, Notification, table_of
 from dispatcher.store.queries import LOAD_FOR_SEND, PAYLOAD_CONTACT_KEYS, CachedTarget, cached_target_of_payload
 
@@ -648,7 +648,7 @@ def outside_a_transaction(session: Session) -> bool:
     transaction may be open on it, and every statement stays in the caller's transaction. Nor
     through a pooler in transaction mode, where only a transaction carries the timeouts."""
     return (_one_statement(session) and not isinstance(session.get_bind().engine.pool, StaticPool)
-            and not through_a_transaction_pooler(session))
+            and not only_a_transaction_carries_the_timeouts(session))
 
 
 def each_statement_alone(session: Session) -> bool:

@@ -117,7 +117,7 @@ class _ServerTimeouts:
         self._read = True
 
 
-def through_a_transaction_pooler(session: Session) -> bool:
+def only_a_transaction_carries_the_timeouts(session: Session) -> bool:
     """Whether ``session``'s engine reaches PostgreSQL through a pooler in transaction mode where
     only a transaction carries the timeouts (the server's defaults are not them)."""
     server = session.get_bind().engine.get_execution_options().get(_POOLED)
