@@ -7,6 +7,7 @@ temporary folder, which on another file system is a copy and a delete, so two wo
 one message. Here a message is written under a name no queue reads and renamed into place, and a
 worker takes one by renaming it into a folder beside the queue: both are renames within one file
 system, which are atomic, so a message is seen whole or not at all, and taken by one worker only.
+An exchange's table of queues is replaced by a rename too (``_queue_bind``).
 
 A URL ``filesystem://FOLDER`` selects this transport through Celery's ``broker_transport``
 (:func:`dispatcher.queues.apply_broker_settings`); the URL users write does not change.
@@ -43,6 +44,28 @@ class Channel(filesystem.Channel):
             os.replace(writing, final)
         except OSError as error:
             raise ChannelError(f"cannot add a message to the queue {queue!r}") from error
+
+    def _queue_bind(self, exchange: Any, routing_key: Any, pattern: Any, queue: Any) -> None:
+        """Kombu's creates the exchange's table file, then locks and writes it: a process that
+        binds in between reads it empty and dies on the empty JSON (several workers starting at
+        once; CI met it). Here binders take turns on a lock file of their own, and the table is
+        replaced by a rename: whoever reads it (kombu's ``get_table``) sees it whole."""
+        table = self._exchange_file(exchange)  # type: ignore[no-untyped-call]
+        self.control_folder.mkdir(exist_ok=True)
+        entry = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        try:
+            with open(f"{table}.lock", "a+b") as turn:
+                filesystem.lock(turn, filesystem.LOCK_EX)  # type: ignore[no-untyped-call]
+                try:
+                    queues = self.get_table(exchange)  # type: ignore[no-untyped-call]
+                    if entry not in queues:
+                        writing = self.control_folder / f"{WRITING_PREFIX}{uuid.uuid4()}"
+                        writing.write_bytes(str_to_bytes(dumps([entry, *queues])))  # type: ignore[no-untyped-call]
+                        os.replace(writing, table)
+                finally:
+                    filesystem.unlock(turn)  # type: ignore[no-untyped-call]
+        except OSError as error:
+            raise ChannelError(f"cannot bind the queue {queue!r}") from error
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         wanted = f"{queue}.msg"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 from kombu import Connection
 
@@ -84,3 +85,25 @@ def test_every_celery_app_uses_the_atomic_transport_for_filesystem_urls(tmp_path
     answer = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True, check=True)
     assert answer.stdout.strip() == "dispatcher.embedded_broker"
     assert broker_transport("redis://127.0.0.1:6379/0") is None
+
+
+def test_binding_a_queue_never_leaves_its_exchange_table_half_written(tmp_path: Path, monkeypatch: Any) -> None:
+    """Kombu's ``_queue_bind`` created the exchange's table, then locked and wrote it: a worker
+    binding in between (several starting at once) read it empty and died (CI met it in the test
+    above). The table must only ever be replaced whole, by a rename, and every binding kept."""
+    written_in_place: list[str] = []
+    real_open = Path.open
+
+    def watched_open(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self.suffix == ".exchange" and any(flag in mode for flag in "wa+"):
+            written_in_place.append(f"{self.name} {mode}")
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", watched_open)
+    with _connection(tmp_path) as connection:
+        for name in ("first", "second", "first"):
+            connection.SimpleQueue(name).close()
+        channel = connection.default_channel
+        bound = {name: [entry.queue for entry in channel.get_table(name)] for name in ("first", "second")}
+    assert written_in_place == []
+    assert bound == {"first": ["first"], "second": ["second"]}  # each binding once, bound twice or not
