@@ -6,7 +6,7 @@ them to files under ``PROMETHEUS_MULTIPROC_DIR`` (set by ``dispatcher worker`` b
 children start) and the worker's main process serves the sum (:func:`serve_worker_metrics`).
 The number of notifications by state is read from the store at scrape time, and so is what holds
 across processes: each workspace's circuit breaker (where the workers share it, in Redis) and the
-callback URLs paused. The configured routes' delivery deadlines are exported beside the settle
+callback URLs paused. The configured routes' delivery deadlines are exported beside the delivery
 latency, so an alert compares one with the other (deploy/prometheus/alerts.yml).
 """
 
